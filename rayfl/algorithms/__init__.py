@@ -1,0 +1,5 @@
+"""Algorithms: one module each, server policy + client procedure, registered by name."""
+
+from rayfl.algorithms import fedavg, fedopt, fedprox, registry  # noqa: F401  (registration)
+
+__all__ = ["registry"]

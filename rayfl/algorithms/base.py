@@ -1,0 +1,149 @@
+"""The contract between a server policy and a client procedure (STYLE.md 2-4, 7).
+
+A server policy has verbs, not a loop: `select`, `configure`, `aggregate`, `evaluate`, each
+taking the round and the frozen `ServerState` and returning new values. A client procedure
+is `init` / `step` / `final`; the shared loop in `rayfl.client` drives it. Tasks and results
+are frozen, typed messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayfl import rng
+from rayfl.config import ModelConfig, RunConfig
+from rayfl.types import ClientId, Round, Weights
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """What the server sends one client for one round."""
+
+    client_id: ClientId
+    round: Round
+    weights: Weights
+    model: ModelConfig
+    """The model variant the client trains (a width-sliced model has its own rate)."""
+    local_epochs: int
+    batch_size: int
+    lr: float
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client returns: its new weights and what it cost."""
+
+    client_id: ClientId
+    round: Round
+    weights: Weights
+    num_examples: int
+    """Size of the client's local dataset (FedAvg's weight n_k)."""
+    num_samples: int
+    """Samples processed in training (epochs x examples, less skipped batches): the compute cost."""
+    train_loss: float
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    """A task that produced no usable result; `reason` says why (actor died, non-finite, shape)."""
+
+    client_id: ClientId
+    round: Round
+    reason: str
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """Everything a policy needs between rounds; a checkpoint is this state serialized."""
+
+    round: Round
+    weights: Weights
+    opt_state: Any = None
+    clients: Mapping[ClientId, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> "ServerState":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class FederationContext:
+    """The static facts of a federation that policies read (never mutate)."""
+
+    seed: int
+    num_clients: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    num_examples: np.ndarray
+    """Training samples per client."""
+    label_histogram: np.ndarray
+    """(num_clients, num_classes) label counts per client."""
+    param_names: frozenset[str]
+    """State-dict names that are trainable parameters (the rest are buffers)."""
+
+
+Evaluator = Callable[[Weights, ModelConfig], Mapping[str, float]]
+
+
+class ServerPolicy:
+    """Server half of an algorithm. Subclasses override verbs; instances hold only config."""
+
+    def __init__(self, config: RunConfig, context: FederationContext):
+        self.config = config
+        self.context = context
+
+    def init_state(self, weights: Weights) -> ServerState:
+        return ServerState(round=0, weights=dict(weights))
+
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        """Uniform sampling without replacement, a pure function of (seed, round, available)."""
+        g = rng.generator(self.context.seed, "select", round)
+        k = min(self.config.federation.clients_per_round, len(available))
+        return sorted(int(c) for c in g.choice(np.asarray(available), size=k, replace=False))
+
+    def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
+        fed = self.config.federation
+        return [
+            ClientTask(c, round, state.weights, self.config.model, fed.local_epochs, fed.batch_size, fed.lr)
+            for c in clients
+        ]
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+        raise NotImplementedError
+
+    def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
+        """Test metrics of the global model: `test_accuracy`, `test_loss`."""
+        out = evaluator(state.weights, self.config.model)
+        return {"test_accuracy": out["accuracy"], "test_loss": out["loss"]}
+
+
+@dataclass
+class LocalState:
+    """A client's state during local training (mutable, local to one task)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    extras: Any = None
+
+
+class ClientProcedure:
+    """Client half of an algorithm: `init`, then `step` per batch, then `final`."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+
+    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
+        raise NotImplementedError
+
+    def step(self, state: LocalState, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """One optimisation step on one batch; returns the batch loss."""
+        raise NotImplementedError
+
+    def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
+        weights = {k: v.detach().cpu().numpy().copy() for k, v in state.model.state_dict().items()}
+        return ClientResult(task.client_id, task.round, weights, num_examples, num_samples, loss)

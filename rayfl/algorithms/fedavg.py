@@ -1,0 +1,77 @@
+"""FedAvg: "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+McMahan, Moore, Ramage, Hampson, Agüera y Arcas, AISTATS 2017 (arXiv:1602.05629).
+
+Server: x_{t+1} = x_t + eta * Delta_t with Delta_t = sum_k (n_k / n) (x_k - x_t) over the
+round's clients (Alg. 1, written as a server-optimizer step; eta = 1 is plain FedAvg, and
+`server_momentum` > 0 gives FedAvgM). Buffers (batch-norm statistics) take the weighted mean.
+Client: E epochs of minibatch SGD on the cross-entropy loss.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from rayfl.algorithms import aggregate, server_opt
+from rayfl.algorithms.base import ClientProcedure, ClientResult, ClientTask, LocalState, ServerPolicy, ServerState
+from rayfl.algorithms.registry import Algorithm, register
+from rayfl.config import AlgorithmConfig
+from rayfl.types import Round, Weights
+
+
+class FedAvgConfig(AlgorithmConfig):
+    name: str = "fedavg"
+    server_lr: float = Field(1.0, gt=0, description="server learning rate eta (1 = plain FedAvg)")
+    server_momentum: float = Field(0.0, ge=0, lt=1, description="server momentum beta (FedAvgM when > 0)")
+
+
+class FedAvgPolicy(ServerPolicy):
+    """FedAvg's server half; subclasses change the server optimizer (`opt_init`)."""
+
+    def opt_init(self, params: Weights) -> server_opt.ServerOptState:
+        cfg = self.config.algorithm
+        return server_opt.init("sgd", params, eta=cfg.server_lr, beta1=cfg.server_momentum)
+
+    def init_state(self, weights: Weights) -> ServerState:
+        params = {k: v for k, v in weights.items() if k in self.context.param_names}
+        return ServerState(round=0, weights=dict(weights), opt_state=self.opt_init(params))
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+        """Alg. 1 l.9: x_{t+1} <- x_t + eta * sum_k (n_k / n)(x_k - x_t)."""
+        if not results:
+            return state.replace(round=round)
+        mean = aggregate.weighted_mean([r.weights for r in results], [r.num_examples for r in results])
+        params = [k for k in state.weights if k in self.context.param_names]
+        delta = aggregate.difference(mean, state.weights, params)
+        opt_state, new_params = server_opt.apply(state.opt_state, state.weights, delta)
+        weights = aggregate.merge(state.weights, {**mean, **new_params})
+        return state.replace(round=round, weights=weights, opt_state=opt_state)
+
+
+class FedAvgClient(ClientProcedure):
+    """Local minibatch SGD (lr from the task; momentum and weight decay from `federation`)."""
+
+    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
+        fed = self.config.federation
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
+        return LocalState(model, opt)
+
+    def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y)
+
+    def step(self, state: LocalState, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        x, y = batch
+        state.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(state, state.model(x), y)
+        loss.backward()
+        state.optimizer.step()
+        return float(loss.detach())
+
+
+FEDAVG = register(Algorithm("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted model averaging", FedAvgConfig, FedAvgPolicy, FedAvgClient))

@@ -1,0 +1,37 @@
+"""FedOpt: FedAdam, FedYogi, FedAdagrad from "Adaptive Federated Optimization", Reddi, Charles,
+Zaheer, Garrett, Rush, Konečný, Kumar, McMahan, ICLR 2021 (arXiv:2003.00295).
+
+Clients run FedAvg's local SGD; the server applies an adaptive optimizer to the averaged
+pseudo-gradient Delta_t (Alg. 2, see `server_opt.apply`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rayfl.algorithms import server_opt
+from rayfl.algorithms.fedavg import FedAvgClient, FedAvgPolicy
+from rayfl.algorithms.registry import Algorithm, register
+from rayfl.config import AlgorithmConfig
+from rayfl.types import Weights
+
+
+class FedOptConfig(AlgorithmConfig):
+    name: Literal["fedadam", "fedyogi", "fedadagrad"] = "fedadam"
+    server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
+    beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta_1")
+    beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta_2 (Adam, Yogi)")
+    tau: float = Field(1e-3, gt=0, description="adaptivity tau")
+
+
+class FedOptPolicy(FedAvgPolicy):
+    def opt_init(self, params: Weights) -> server_opt.ServerOptState:
+        cfg = self.config.algorithm
+        kind = cfg.name.removeprefix("fed")
+        return server_opt.init(kind, params, eta=cfg.server_lr, beta1=cfg.beta1, beta2=cfg.beta2, tau=cfg.tau)
+
+
+for _name, _title in (("fedadam", "FedAdam"), ("fedyogi", "FedYogi"), ("fedadagrad", "FedAdagrad")):
+    register(Algorithm(_name, f"{_title} (Reddi et al. 2021): adaptive server optimizer", FedOptConfig, FedOptPolicy, FedAvgClient))

@@ -1,0 +1,44 @@
+"""Algorithms by name: each registers its config class, server policy and client procedure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from rayfl.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from rayfl.algorithms.base import ClientProcedure, ServerPolicy
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    config_class: type[AlgorithmConfig]
+    policy: type["ServerPolicy"]
+    procedure: type["ClientProcedure"]
+
+
+_ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm.name!r} registered twice")
+    _ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithms() -> dict[str, Algorithm]:
+    return dict(_ALGORITHMS)
+
+
+def get(name: str) -> Algorithm:
+    if name not in _ALGORITHMS:
+        raise KeyError(f"unknown algorithm {name!r} (known: {', '.join(sorted(_ALGORITHMS))})")
+    return _ALGORITHMS[name]
+
+
+def config_class(name: str) -> type[AlgorithmConfig]:
+    return get(name).config_class

@@ -1,0 +1,18 @@
+"""Device populations and the cost model of the virtual clock (Ray-free)."""
+
+from rayfl.devices.cost import CostCache, ModelCost, client_time, measure, nbytes, round_duration
+from rayfl.devices.profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile
+
+__all__ = [
+    "CostCache",
+    "DeviceProfile",
+    "DeviceState",
+    "ModelCost",
+    "Population",
+    "builtin_profiles",
+    "client_time",
+    "load_profile",
+    "measure",
+    "nbytes",
+    "round_duration",
+]

@@ -1,0 +1,129 @@
+"""The cost model of the virtual clock: FLOPs, bytes, memory and time per client.
+
+compute time = training FLOPs of the client's model variant for its samples / device FLOP/s
+communication time = bits down / bandwidth + bits up / bandwidth + 2 * latency
+memory = parameters + gradients + optimizer state + activations for one batch
+A synchronous round lasts as long as its slowest selected client; a client waits the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from rayfl.devices.profile import DeviceState
+
+_PROBE_BATCH = 2  # batch norm cannot train on one sample; FLOPs are linear in the batch
+
+
+def _probe(input_shape: tuple[int, ...]) -> torch.Tensor:
+    """A fixed probe batch (its own generator: measuring never moves torch's global RNG)."""
+    return torch.randn(_PROBE_BATCH, *input_shape, generator=torch.Generator().manual_seed(0))
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Per-variant figures, measured once and cached."""
+
+    num_params: int
+    param_bytes: int
+    forward_flops: float
+    """Forward FLOPs per sample (torch.utils.flop_counter: 2 per multiply-add)."""
+    train_flops: float
+    """Forward + backward FLOPs per training sample."""
+    activation_bytes: float
+    """Bytes of tensors saved for backward, per sample."""
+
+    def training_memory(self, batch_size: int, optimizer_slots: int = 1) -> int:
+        """Bytes to train: weights, gradients, `optimizer_slots` state copies, one batch of activations."""
+        return int(self.param_bytes * (2 + optimizer_slots) + self.activation_bytes * batch_size)
+
+
+def count_flops(model: nn.Module, input_shape: tuple[int, ...], train: bool) -> float:
+    """FLOPs per sample of a forward (and, with `train`, backward) pass, counted by torch."""
+    x = _probe(input_shape)
+    model.train(train)
+    with FlopCounterMode(display=False) as counter:
+        if train:
+            model(x).sum().backward()
+        else:
+            with torch.no_grad():
+                model(x)
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / _PROBE_BATCH
+
+
+def activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> float:
+    """Bytes per sample that autograd saves for backward (parameters excluded), via saved-tensor hooks."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(_probe(input_shape))
+    del out
+    return sum(seen.values()) / _PROBE_BATCH
+
+
+def measure(model: nn.Module, input_shape: tuple[int, ...]) -> ModelCost:
+    """Measure a model variant: parameter count and bytes, FLOPs per sample, activations per sample."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    cost = ModelCost(
+        num_params=sum(p.numel() for p in model.parameters()),
+        param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        forward_flops=count_flops(model, input_shape, train=False),
+        train_flops=count_flops(model, input_shape, train=True),
+        activation_bytes=activation_bytes(model, input_shape),
+    )
+    model.load_state_dict(state)  # the probe's batch-norm updates leave no trace
+    return cost
+
+
+class CostCache:
+    """`ModelCost` per variant key, measured on first use."""
+
+    def __init__(self) -> None:
+        self._costs: dict[Hashable, ModelCost] = {}
+
+    def get(self, key: Hashable, build, input_shape: tuple[int, ...]) -> ModelCost:
+        if key not in self._costs:
+            self._costs[key] = measure(build(), input_shape)
+        return self._costs[key]
+
+
+def nbytes(weights: Mapping[str, np.ndarray]) -> int:
+    """Bytes of a model state as sent: the sum of its arrays' sizes."""
+    return int(sum(a.nbytes for a in weights.values()))
+
+
+@dataclass(frozen=True)
+class ClientTime:
+    compute_s: float
+    comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def client_time(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> ClientTime:
+    """Time of one client's round: FLOPs / FLOP/s + bits / bandwidth each way + latency each way."""
+    comm = 8 * (bytes_down + bytes_up) / device.bandwidth_bps + 2 * device.latency_s
+    return ClientTime(compute_s=flops / device.flops, comm_s=comm)
+
+
+def round_duration(totals: Sequence[float]) -> tuple[float, list[float]]:
+    """A synchronous round: its duration (the slowest client) and each client's waiting time."""
+    duration = max(totals, default=0.0)
+    return duration, [duration - t for t in totals]

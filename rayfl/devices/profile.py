@@ -1,0 +1,113 @@
+"""Device profiles (populations of device classes) and the seeded per-round device state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field, ValidationError, model_validator
+
+from rayfl import rng
+from rayfl.config import ConfigError, Strict, format_error, read_yaml
+
+
+class DeviceClass(Strict):
+    """One kind of device and its share of the population."""
+
+    name: str
+    proportion: float = Field(gt=0, description="share of clients of this class (normalised over classes)")
+    flops: list[float] = Field(min_length=1, description="effective training FLOP/s of each mode")
+    memory_mb: float = Field(gt=0, description="memory budget for training, MiB")
+    bandwidth_mbps: tuple[float, float] = Field(description="[low, high]: link speed drawn each round, Mb/s")
+    latency_ms: float = Field(0.0, ge=0, description="one-way latency added per exchange, ms")
+    availability: float = Field(1.0, gt=0, le=1, description="chance of being online in a round")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DeviceClass":
+        if any(f <= 0 for f in self.flops):
+            raise ValueError("flops: every mode must be > 0")
+        low, high = self.bandwidth_mbps
+        if not 0 < low <= high:
+            raise ValueError("bandwidth_mbps: need 0 < low <= high")
+        return self
+
+
+class DeviceProfile(Strict):
+    """A population: device classes with proportions; modes re-drawn every `mode_period` rounds."""
+
+    name: str
+    mode_period: int = Field(0, ge=0, description="rounds between power-mode re-draws; 0 keeps one mode per client")
+    classes: list[DeviceClass] = Field(min_length=1)
+
+
+def builtin_profiles() -> dict[str, Path]:
+    folder = resources.files("rayfl.devices") / "profiles"
+    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def load_profile(spec: str) -> DeviceProfile:
+    """A built-in profile by name, or a user profile from a YAML path; errors name the file and key."""
+    builtin = builtin_profiles()
+    path = builtin.get(spec, Path(spec).expanduser())
+    if spec not in builtin and not path.is_file():
+        raise ConfigError(f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file")
+    raw = read_yaml(path)
+    try:
+        return DeviceProfile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {format_error(exc, raw)}") from None
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What a client's device offers in one round."""
+
+    device: str
+    flops: float
+    memory_bytes: int
+    bandwidth_bps: float
+    latency_s: float
+    available: bool
+
+
+class Population:
+    """The device of every logical client, and its seeded state in each round.
+
+    Classes are dealt in exact proportions (largest remainder), then shuffled over clients
+    by (seed, "devices"). A client's mode is keyed by (seed, round // mode_period, client,
+    "mode"); its bandwidth and availability by (seed, round, client, purpose).
+    """
+
+    def __init__(self, profile: DeviceProfile, num_clients: int, seed: int):
+        self.profile = profile
+        self.seed = seed
+        share = np.array([c.proportion for c in profile.classes])
+        share = share / share.sum() * num_clients
+        counts = np.floor(share).astype(int)
+        counts[np.argsort(-(share - counts), kind="stable")[: num_clients - counts.sum()]] += 1
+        classes = np.repeat(np.arange(len(profile.classes)), counts)
+        self.class_of = rng.generator(seed, "devices").permutation(classes)
+
+    def device_class(self, client: int) -> DeviceClass:
+        return self.profile.classes[self.class_of[client]]
+
+    def state(self, client: int, round: int) -> DeviceState:
+        cls = self.device_class(client)
+        epoch = round // self.profile.mode_period if self.profile.mode_period else 0
+        mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
+        low, high = cls.bandwidth_mbps
+        mbps = rng.generator(self.seed, "bandwidth", round, client).uniform(low, high)
+        online = cls.availability >= 1 or rng.generator(self.seed, "availability", round, client).random() < cls.availability
+        return DeviceState(
+            device=cls.name,
+            flops=float(cls.flops[mode]),
+            memory_bytes=int(cls.memory_mb * 2**20),
+            bandwidth_bps=float(mbps) * 1e6,
+            latency_s=cls.latency_ms / 1e3,
+            available=bool(online),
+        )
+
+    def available(self, round: int) -> list[int]:
+        return [k for k in range(len(self.class_of)) if self.state(k, round).available]

@@ -1,0 +1,178 @@
+"""The round loop, written once (STYLE.md 2): the in-process runner and the coordinator actor
+both call `run_round` with their own executor.
+
+A round: the policy selects among the available clients and configures tasks; the executor
+runs them (in any order, anywhere); results are sorted by client id, validated against the
+task they answer, costed on the virtual clock and aggregated by the policy; the global model
+is evaluated; one round row and one row per client are returned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfl import rng
+from rayfl.algorithms import registry
+from rayfl.algorithms.aggregate import invalid_reason
+from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from rayfl.client import ModelCache, to_numpy
+from rayfl.config import ModelConfig, RunConfig
+from rayfl.data import Dataset, Partition, load_dataset, partition
+from rayfl.devices import CostCache, Population, client_time, load_profile, nbytes, round_duration
+from rayfl.types import Round, Weights
+
+
+class Executor(Protocol):
+    """Runs a round's client tasks and returns one outcome per task, in any order."""
+
+    def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]: ...
+
+
+class Evaluator:
+    """Accuracy and mean cross-entropy of a model variant on the central test set."""
+
+    def __init__(self, dataset: Dataset, models: ModelCache, batch_size: int):
+        self.x = torch.from_numpy(dataset.x_test)
+        self.y = torch.from_numpy(dataset.y_test)
+        self.models = models
+        self.batch_size = batch_size
+
+    def __call__(self, weights: Weights, variant: ModelConfig) -> dict[str, float]:
+        model = self.models.load(variant, weights)
+        model.eval()
+        correct, loss = 0, 0.0
+        with torch.no_grad():
+            for i in range(0, len(self.y), self.batch_size):
+                logits = model(self.x[i : i + self.batch_size])
+                y = self.y[i : i + self.batch_size]
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(1) == y).sum())
+        return {"accuracy": correct / len(self.y), "loss": loss / len(self.y)}
+
+
+@dataclass(frozen=True, eq=False)
+class Federation:
+    """The static parts of a run, built once from its config."""
+
+    config: RunConfig
+    dataset: Dataset
+    partition: Partition
+    population: Population
+    context: FederationContext
+    policy: ServerPolicy
+    models: ModelCache
+    costs: CostCache
+    evaluator: Evaluator
+
+    def initial_weights(self) -> dict[str, np.ndarray]:
+        """The global model's initial weights, seeded by (seed, "init")."""
+        with rng.seeded_torch(self.config.seed, "init"):
+            return to_numpy(self.models.build(self.config.model))
+
+    def cost_of(self, variant: ModelConfig):
+        return self.costs.get(variant, lambda: self.models.build(variant), self.dataset.input_shape)
+
+
+def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Federation:
+    """Load data, partition it, deal devices, build the policy: everything but the executor."""
+    dataset = dataset if dataset is not None else load_dataset(config.data, config.seed)
+    parts = partition(dataset, config.data, config.seed)
+    population = Population(load_profile(config.devices.profile), config.data.num_clients, config.seed)
+    models = ModelCache(dataset.input_shape, dataset.num_classes)
+    probe = models.build(config.model)
+    context = FederationContext(
+        seed=config.seed,
+        num_clients=config.data.num_clients,
+        num_classes=dataset.num_classes,
+        input_shape=dataset.input_shape,
+        num_examples=parts.sizes(),
+        label_histogram=parts.label_histogram(),
+        param_names=frozenset(name for name, _ in probe.named_parameters()),
+    )
+    policy = registry.get(config.algorithm.name).policy(config, context)
+    evaluator = Evaluator(dataset, models, config.federation.eval_batch_size)
+    return Federation(config, dataset, parts, population, context, policy, models, CostCache(), evaluator)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    state: ServerState
+    row: dict[str, Any]
+    clients: list[dict[str, Any]]
+
+
+def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float) -> RoundOutcome:
+    """One synchronous round; `virtual_time_s` is the clock before it starts."""
+    policy, cfg = fed.policy, fed.config
+    selected = policy.select(state, rnd, fed.population.available(rnd))
+    tasks = {t.client_id: t for t in policy.configure(state, rnd, selected)}
+    outcomes = sorted(executor.run(list(tasks.values())), key=lambda r: r.client_id)
+
+    accepted: list[ClientResult] = []
+    rows: list[dict[str, Any]] = []
+    for out in outcomes:
+        task = tasks[out.client_id]
+        device = fed.population.state(out.client_id, rnd)
+        row: dict[str, Any] = {
+            "round": rnd,
+            "client_id": out.client_id,
+            "device": device.device,
+            "device_flops": device.flops,
+            "bandwidth_mbps": device.bandwidth_bps / 1e6,
+            "batch_size": task.batch_size,
+        }
+        if isinstance(out, ClientFailure):
+            row.update(status="failed", reason=out.reason)
+            rows.append(row)
+            continue
+        reason = invalid_reason(out.weights, task.weights)
+        flops = fed.cost_of(task.model).train_flops * out.num_samples
+        down, up = nbytes(task.weights), nbytes(out.weights)
+        t = client_time(device, flops, down, up)
+        row.update(
+            status="rejected" if reason else "ok",
+            reason=reason or "",
+            num_examples=out.num_examples,
+            num_samples=out.num_samples,
+            flops=flops,
+            compute_s=t.compute_s,
+            comm_s=t.comm_s,
+            total_s=t.total_s,
+            bytes_down=down,
+            bytes_up=up,
+            train_loss=out.train_loss,
+        )
+        rows.append(row)
+        if not reason:
+            accepted.append(out)
+
+    timed = [r for r in rows if "total_s" in r]
+    duration, waits = round_duration([r["total_s"] for r in timed])
+    for r, w in zip(timed, waits):
+        r["wait_s"] = w
+
+    state = policy.aggregate(state, rnd, accepted)
+    evaluate = rnd % cfg.federation.eval_every == 0 or rnd == cfg.federation.rounds
+    metrics = policy.evaluate(state, rnd, fed.evaluator) if evaluate else {"test_accuracy": math.nan, "test_loss": math.nan}
+    row = {
+        "round": rnd,
+        "virtual_time_s": virtual_time_s + duration,
+        "round_time_s": duration,
+        "test_accuracy": metrics.pop("test_accuracy"),
+        "test_loss": metrics.pop("test_loss"),
+        "bytes_up": int(sum(r.get("bytes_up", 0) for r in rows)),
+        "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
+        "num_clients": len(accepted),
+        "num_selected": len(selected),
+        "num_failed": sum(r["status"] != "ok" for r in rows),
+        "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
+        "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
+        **metrics,
+    }
+    return RoundOutcome(state, row, rows)

@@ -1,0 +1,113 @@
+"""Run outputs: round and client records -> `metrics.parquet`, `clients.parquet`, `summary.json`,
+and plots of accuracy against round and virtual time.
+
+The tables are rewritten after every round, so a run that fails part-way keeps every round
+it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from rayfl.config import ConfigError
+
+METRICS_COLUMNS = (
+    "round",
+    "virtual_time_s",
+    "wall_time_s",
+    "test_accuracy",
+    "test_loss",
+    "bytes_up",
+    "bytes_down",
+    "num_clients",
+    "mean_wait_s",
+)
+SUMMARY_KEYS = (
+    "algorithm",
+    "rounds",
+    "final_test_accuracy",
+    "best_test_accuracy",
+    "virtual_time_s",
+    "wall_time_s",
+    "bytes_total",
+)
+
+
+class Recorder:
+    """Collects round and client rows for one RUN_DIR and writes them as Parquet."""
+
+    def __init__(self, run_dir: str | Path, rounds: Sequence[Mapping[str, Any]] = (), clients: Sequence[Mapping[str, Any]] = ()):
+        self.run_dir = Path(run_dir)
+        self.rounds: list[dict[str, Any]] = [dict(r) for r in rounds]
+        self.clients: list[dict[str, Any]] = [dict(r) for r in clients]
+
+    def record(self, row: Mapping[str, Any], clients: Iterable[Mapping[str, Any]]) -> None:
+        self.rounds.append(dict(row))
+        self.clients.extend(dict(c) for c in clients)
+        self.flush()
+
+    def metrics_frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.rounds)
+        first = [c for c in METRICS_COLUMNS if c in df.columns]
+        return df[first + [c for c in df.columns if c not in first]]
+
+    def flush(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_frame().to_parquet(self.run_dir / "metrics.parquet", index=False)
+        pd.DataFrame(self.clients).to_parquet(self.run_dir / "clients.parquet", index=False)
+
+    def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The contract's summary keys (plus `extra`), written to `summary.json`."""
+        acc = [r["test_accuracy"] for r in self.rounds if not math.isnan(r["test_accuracy"])]
+        last = self.rounds[-1] if self.rounds else {}
+        out = {
+            "algorithm": algorithm,
+            "rounds": len(self.rounds),
+            "final_test_accuracy": acc[-1] if acc else None,
+            "best_test_accuracy": max(acc) if acc else None,
+            "virtual_time_s": last.get("virtual_time_s", 0.0),
+            "wall_time_s": last.get("wall_time_s", 0.0),
+            "bytes_total": int(sum(r["bytes_up"] + r["bytes_down"] for r in self.rounds)),
+            **(extra or {}),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2) + "\n")
+        return out
+
+
+def read_metrics(run_dir: str | Path) -> pd.DataFrame:
+    path = Path(run_dir) / "metrics.parquet"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no metrics.parquet (not a rayfl run directory?)")
+    return pd.read_parquet(path)
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Two PNGs: test accuracy vs round and vs virtual time, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frames = {Path(d).name: read_metrics(d).dropna(subset=["test_accuracy"]) for d in run_dirs}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for x, label in (("round", "round"), ("virtual_time_s", "virtual time (s)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, df in frames.items():
+            ax.plot(df[x], df["test_accuracy"], label=name)
+        ax.set_xlabel(label)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        path = out_dir / f"accuracy_vs_{'round' if x == 'round' else 'virtual_time'}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

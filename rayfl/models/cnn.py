@@ -1,0 +1,52 @@
+"""HeteroFL's CNN (Diao et al., ICLR 2021, Table 6; public code `models/conv.py`).
+
+Four 3x3 conv blocks with widths [64, 128, 256, 512] * rate: conv (with bias) -> Scaler ->
+norm -> ReLU -> 2x2 max-pool, the last block without the pool; then global average pool
+and a linear classifier.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from torch import nn
+
+from rayfl.config import ModelConfig
+from rayfl.models.layers import Norm, Scaler, make_norm, scaled
+from rayfl.models.registry import register
+
+HIDDEN = (64, 128, 256, 512)
+
+
+class CnnConfig(ModelConfig):
+    name: str = "cnn"
+    rate: float = Field(1.0, gt=0, le=1, description="width rate r: hidden sizes ceil(r * [64,128,256,512])")
+    norm: Norm = "bn"
+    scaler: float = Field(1.0, gt=0, le=1, description="Scaler rate: the width relative to the global model")
+
+
+@register("cnn", CnnConfig, "HeteroFL CNN: 4 conv blocks [64,128,256,512]*rate, image input (C,H,W)")
+def build_cnn(config: CnnConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) != 3:
+        raise ValueError(f"model.name: cnn needs image input (C, H, W), the dataset gives {input_shape}")
+    widths = [scaled(w, config.rate) for w in HIDDEN]
+    layers: list[nn.Module] = []
+    channels = input_shape[0]
+    for i, width in enumerate(widths):
+        layers += [
+            nn.Conv2d(channels, width, 3, 1, 1),
+            Scaler(config.scaler),
+            make_norm(config.norm, width, dims=2),
+            nn.ReLU(inplace=True),
+        ]
+        if i < len(widths) - 1:
+            layers.append(nn.MaxPool2d(2))
+        channels = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)) and m.weight is not None:
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+    return model

@@ -1,0 +1,57 @@
+"""Building blocks shared by the model families: Scaler and normalization choice."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import nn
+
+Norm = Literal["bn", "sbn", "gn", "in", "ln", "none"]
+
+
+class Scaler(nn.Module):
+    """HeteroFL's Scaler (Diao et al. 2021, Sec. 3.2): s(x) = x / r in training, identity in eval.
+
+    `rate` is the sub-model's width relative to the global model, so 1 for full-width models.
+    """
+
+    def __init__(self, rate: float = 1.0):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.rate if self.training and self.rate != 1.0 else x
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate}"
+
+
+def make_norm(kind: Norm, channels: int, dims: int) -> nn.Module:
+    """A normalization layer over `channels` features of a `dims`-D (0, 1 or 2 spatial) signal.
+
+    bn: batch norm with running statistics; sbn: HeteroFL's static BN (batch statistics only,
+    no running buffers, `track_running_stats=False`); gn: GroupNorm with 4 groups (HeteroFL's
+    choice, fewer when channels are not divisible); in: instance norm (one group per channel);
+    ln: layer norm over channels and space (GroupNorm with one group); none: identity.
+    """
+    if kind in ("bn", "sbn"):
+        cls = nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d
+        if kind == "sbn":
+            return cls(channels, momentum=None, track_running_stats=False)
+        return cls(channels)
+    if kind == "gn":
+        return nn.GroupNorm(math.gcd(4, channels), channels)
+    if kind == "in":
+        return nn.GroupNorm(channels, channels)
+    if kind == "ln":
+        return nn.GroupNorm(1, channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"unknown norm {kind!r}")
+
+
+def scaled(width: int, rate: float) -> int:
+    """The hidden width of a sub-model: ceil(rate * width), at least 1 (HeteroFL Sec. 3.1)."""
+    return max(1, math.ceil(rate * width))

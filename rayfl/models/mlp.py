@@ -1,0 +1,31 @@
+"""A multilayer perceptron for flat or small inputs (`synthetic`, `digits`, `mnist1d`)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+from torch import nn
+
+from rayfl.config import ModelConfig
+from rayfl.models.layers import Norm, Scaler, make_norm, scaled
+from rayfl.models.registry import register
+
+
+class MlpConfig(ModelConfig):
+    name: str = "mlp"
+    hidden: tuple[int, ...] = Field((200, 200), description="hidden sizes at rate 1")
+    rate: float = Field(1.0, gt=0, le=1, description="width rate r: hidden sizes ceil(r * hidden)")
+    norm: Norm = "none"
+    scaler: float = Field(1.0, gt=0, le=1, description="Scaler rate: the width relative to the global model")
+
+
+@register("mlp", MlpConfig, "MLP: flatten -> [Linear -> Scaler -> norm -> ReLU]* -> Linear, any input")
+def build_mlp(config: MlpConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    features = math.prod(input_shape)
+    for width in (scaled(h, config.rate) for h in config.hidden):
+        layers += [nn.Linear(features, width), Scaler(config.scaler), make_norm(config.norm, width, dims=0), nn.ReLU()]
+        features = width
+    layers.append(nn.Linear(features, num_classes))
+    return nn.Sequential(*layers)

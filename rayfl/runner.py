@@ -1,0 +1,89 @@
+"""Running a federation: the round loop over an executor, and the in-process runner.
+
+`run_federation` is the one driver of rounds; the in-process runner gives it a sequential
+executor in this process, the Ray coordinator gives it client actors. The in-process runner
+is the reference the Ray runner must match exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.client import TORCH_THREADS, ClientRunner
+from rayfl.config import RunConfig, dump_config
+from rayfl.engine import Executor, Federation, build_federation, run_round
+from rayfl.metrics import Recorder
+
+Progress = Callable[[Mapping[str, Any]], None]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int = TORCH_THREADS) -> Iterator[None]:
+    """Pin torch's intra-op threads for the block (results then match across hosts)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def new_run_dir(config: RunConfig, root: str | Path = "runs") -> Path:
+    """runs/<time>-<algorithm>-<dataset>, unique."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{config.algorithm.name}-{config.data.name}"
+    path, k = base, 1
+    while path.exists():
+        path, k = Path(f"{base}-{k}"), k + 1
+    return path
+
+
+def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, progress: Progress | None = None) -> dict[str, Any]:
+    """All rounds of one federation; writes RUN_DIR as it goes and returns the summary."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(fed.config, run_dir / "config.yaml")
+    recorder = Recorder(run_dir)
+    state = fed.policy.init_state(fed.initial_weights())
+    virtual_time, start = 0.0, time.perf_counter()
+    for rnd in range(1, fed.config.federation.rounds + 1):
+        out = run_round(fed, state, rnd, executor, virtual_time)
+        state, virtual_time = out.state, out.row["virtual_time_s"]
+        row = {**out.row, "wall_time_s": time.perf_counter() - start}
+        recorder.record(row, out.clients)
+        if progress is not None:
+            progress(row)
+    cost = fed.cost_of(fed.config.model)
+    extra = {
+        "dataset": fed.config.data.name,
+        "num_clients": fed.config.data.num_clients,
+        "seed": fed.config.seed,
+        "model_params": cost.num_params,
+        "model_train_flops_per_sample": cost.train_flops,
+    }
+    return recorder.summary(fed.config.algorithm.name, extra)
+
+
+class InProcessExecutor:
+    """Runs tasks one after another in this process, with the same `ClientRunner` actors host."""
+
+    def __init__(self, fed: Federation):
+        ds = fed.dataset
+        self.runner = ClientRunner(fed.config, ds.x_train, ds.y_train, fed.partition.train, ds.num_classes)
+
+    def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
+        return [self.runner.run(t) for t in tasks]
+
+
+def run_local(config: RunConfig, run_dir: str | Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """The whole federation in this process, sequentially (tests, debugging, the reference)."""
+    with torch_threads():
+        fed = build_federation(config)
+        return run_federation(fed, InProcessExecutor(fed), run_dir or new_run_dir(config), progress)
