@@ -157,26 +157,37 @@ class RunConfig(Strict):
 # ----------------------------------------------------------------------------- loading
 
 
+def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
+    """The error's location as the user wrote it: tagged-union and type-branch parts dropped."""
+    out: list[str] = []
+    node = raw
+    parts = [str(p) for p in loc]
+    for i, part in enumerate(parts):
+        if isinstance(node, Mapping) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            out.append(part)
+            node = node[int(part)]
+        elif isinstance(node, Mapping) and i == len(parts) - 1:  # a missing or unknown key
+            out.append(part)
+    return out
+
+
 def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -> str:
     """One line naming the first offending key, e.g. `federation.lr: Input should be greater than 0`."""
-    first = err.errors()[0]
-    loc: list[str] = list(prefix)
-    node = raw
-    parts = [str(p) for p in first["loc"]]
-    for i, part in enumerate(parts):
-        # Tagged unions put the tag value into loc; keep only the keys the user wrote.
-        if isinstance(node, Mapping) and part in node:
-            loc.append(part)
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit():
-            loc.append(part)
-            node = node[int(part)] if int(part) < len(node) else None
-        elif i == len(parts) - 1:
-            loc.append(part)
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{'.'.join(loc) or '<config>'}: {msg}"
+    errors = err.errors()
+    first = errors[0]
+    loc = _clean_loc(first["loc"], raw)
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append(first["ctx"]["discriminator"].strip("'"))
+    messages: list[str] = []
+    for e in errors:  # the branches of a union fail together at one key: say what each wanted
+        if _clean_loc(e["loc"], raw) == _clean_loc(first["loc"], raw):
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            if msg not in messages:
+                messages.append(msg)
+    return f"{'.'.join([*prefix, *loc]) or '<config>'}: {' or '.join(messages)}"
 
 
 def _section(raw: Mapping[str, Any], name: str, lookup) -> BaseModel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 from torch import nn
 
-from rayfl.config import ModelConfig
+from rayfl.config import ConfigError, ModelConfig
 from rayfl.models.layers import Norm, Scaler, make_norm, scaled
 from rayfl.models.registry import register
 
@@ -27,7 +27,7 @@ class CnnConfig(ModelConfig):
 @register("cnn", CnnConfig, "HeteroFL CNN: 4 conv blocks [64,128,256,512]*rate, image input (C,H,W)")
 def build_cnn(config: CnnConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) != 3:
-        raise ValueError(f"model.name: cnn needs image input (C, H, W), the dataset gives {input_shape}")
+        raise ConfigError(f"model.name: cnn needs image input (C, H, W), the dataset gives {input_shape}")
     widths = [scaled(w, config.rate) for w in HIDDEN]
     layers: list[nn.Module] = []
     channels = input_shape[0]

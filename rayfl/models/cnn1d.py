@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from torch import nn
 
-from rayfl.config import ModelConfig
+from rayfl.config import ConfigError, ModelConfig
 from rayfl.models.layers import Norm, Scaler, make_norm, scaled
 from rayfl.models.registry import register
 
@@ -21,7 +21,7 @@ class Cnn1dConfig(ModelConfig):
 @register("cnn1d", Cnn1dConfig, "1-D CNN: 3 conv(k5, s2) blocks * rate + linear, sequence input (C,L)")
 def build_cnn1d(config: Cnn1dConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) != 2:
-        raise ValueError(f"model.name: cnn1d needs sequence input (C, L), the dataset gives {input_shape}")
+        raise ConfigError(f"model.name: cnn1d needs sequence input (C, L), the dataset gives {input_shape}")
     width = scaled(config.channels, config.rate)
     channels, length = input_shape
     layers: list[nn.Module] = []

@@ -1,0 +1,1 @@
+"""Ray hosts for the core: client actors and the coordinator actor."""

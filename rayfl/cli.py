@@ -1,0 +1,127 @@
+"""Command line: `rayfl run | list | plot` (console script `rayfl`, also `python -m rayfl`).
+
+Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or file),
+1 on a failure during the run. No traceback unless `--debug`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from rayfl.config import ConfigError, load_config
+
+
+class ProgressBar:
+    """A tqdm bar of rounds with accuracy and virtual time, opened at the first finished round."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.bar = None
+
+    def __call__(self, row: Mapping[str, Any]) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, unit="round", dynamic_ncols=True)
+        acc = row["test_accuracy"]
+        self.bar.set_postfix(acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.set)
+    from rayfl.runner import new_run_dir, run_local
+
+    run_dir = Path(args.out) if args.out else new_run_dir(config)
+    bar = ProgressBar(config.federation.rounds)
+    try:
+        summary = run_local(config, run_dir, progress=bar)
+    finally:
+        bar.close()
+    acc = summary["final_test_accuracy"]
+    print(f"{run_dir}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rayfl.algorithms import registry as algorithms
+    from rayfl.data import sources
+    from rayfl.devices import builtin_profiles, load_profile
+    from rayfl.models import families
+
+    print("algorithms:")
+    for name, alg in sorted(algorithms.algorithms().items()):
+        print(f"  {name:<14} {alg.summary}")
+    print("datasets:")
+    for name, src in sorted(sources().items()):
+        print(f"  {name:<14} {src.summary}")
+    print("models:")
+    for name, fam in sorted(families().items()):
+        print(f"  {name:<14} {fam.summary}")
+    print("device profiles:")
+    for name in sorted(builtin_profiles()):
+        prof = load_profile(name)
+        mix = ", ".join(f"{c.name} {c.proportion:g}" for c in prof.classes)
+        modes = f"modes re-drawn every {prof.mode_period} rounds" if prof.mode_period else "fixed modes"
+        print(f"  {name:<14} {mix}; {modes}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from rayfl.metrics import plot_runs
+
+    out = Path(args.out) if args.out else Path(args.run_dirs[0])
+    for path in plot_runs(args.run_dirs, out):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one federation (the embedded default without CONFIG)")
+    run.add_argument("config", nargs="?", help="config YAML")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    run.add_argument("--out", help="RUN_DIR (default runs/<time>-<algorithm>-<dataset>)")
+    run.set_defaults(func=cmd_run)
+
+    sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)
+
+    plot = sub.add_parser("plot", help="accuracy vs round and vs virtual time, one line per run")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--out", help="folder for the PNGs (default: the first RUN_DIR)")
+    plot.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        if args.debug:
+            raise
+        print(f"rayfl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rayfl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failure during the run: one line, exit 1
+        if args.debug:
+            raise
+        print(f"rayfl: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

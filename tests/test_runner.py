@@ -1,0 +1,109 @@
+"""The in-process runner end to end: accuracy, determinism, the virtual clock, rejected updates."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayfl.algorithms.base import ClientResult
+from rayfl.config import load_config, parse_config
+from rayfl.engine import build_federation, run_round
+from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
+from rayfl.runner import InProcessExecutor, run_federation, run_local, torch_threads
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("default")
+    summary = run_local(load_config(None), run_dir)
+    return run_dir, summary
+
+
+def test_fedavg_on_digits_reaches_90_percent(default_run):
+    run_dir, summary = default_run
+    assert summary["final_test_accuracy"] >= 0.90
+    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "metrics.parquet", "clients.parquet", "summary.json"}
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    assert list(metrics.columns[: len(METRICS_COLUMNS)]) == list(METRICS_COLUMNS)
+    assert metrics["round"].tolist() == list(range(1, 31))
+    assert (metrics["virtual_time_s"].diff().dropna() > 0).all()
+    assert set(SUMMARY_KEYS) <= set(json.loads((run_dir / "summary.json").read_text()))
+    clients = pd.read_parquet(run_dir / "clients.parquet")
+    assert len(clients) == 30 * 10 and (clients["status"] == "ok").all()
+    assert (clients.groupby("round")["bytes_up"].sum().values == metrics["bytes_up"].values).all()
+
+
+def test_same_seed_gives_identical_tables(tmp_path):
+    cfg = load_config(None, ["federation.rounds=4"])
+    tables = []
+    for name in ("a", "b"):
+        run_local(cfg, tmp_path / name)
+        tables.append([pd.read_parquet(tmp_path / name / f) for f in ("metrics.parquet", "clients.parquet")])
+    (m1, c1), (m2, c2) = tables
+    pd.testing.assert_frame_equal(m1.drop(columns="wall_time_s"), m2.drop(columns="wall_time_s"))
+    pd.testing.assert_frame_equal(c1, c2)
+    other = tmp_path / "c"
+    run_local(cfg.model_copy(update={"seed": 1}), other)
+    assert not pd.read_parquet(other / "metrics.parquet")["test_accuracy"].equals(m1["test_accuracy"])
+
+
+def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
+    profile = tmp_path / "two.yaml"
+    profile.write_text(
+        "name: two\nclasses:\n"
+        "  - {name: slow, proportion: 1, flops: [1.0e+8], memory_mb: 64, bandwidth_mbps: [2, 2], latency_ms: 0}\n"
+        "  - {name: fast, proportion: 1, flops: [1.0e+9], memory_mb: 64, bandwidth_mbps: [20, 20], latency_ms: 50}\n"
+    )
+    cfg = parse_config({"data": {"num_clients": 4, "partition": {"kind": "iid"}}, "model": {"name": "mlp", "hidden": [16]}, "federation": {"clients_per_round": 4, "rounds": 1, "local_epochs": 2, "batch_size": 50}, "devices": {"profile": str(profile)}})
+    with torch_threads():
+        fed = build_federation(cfg)
+        state = fed.policy.init_state(fed.initial_weights())
+        out = run_round(fed, state, 1, InProcessExecutor(fed), virtual_time_s=100.0)
+    # MLP 64 -> 16 -> 10: 64*16 + 16 + 16*10 + 10 = 1210 float32 parameters = 4840 bytes each way.
+    # Training FLOPs per sample: forward 2*(64*16 + 16*10) = 2368; backward 2 x that minus the first layer's
+    # input gradient (2*64*16 = 2048): 3 * 2368 - 2048 = 5056.
+    times = []
+    for row in out.clients:
+        size = fed.partition.sizes()[row["client_id"]]
+        assert row["num_samples"] == 2 * size  # two epochs
+        slow = row["device"] == "slow"
+        compute = 5056 * 2 * size / (1e8 if slow else 1e9)
+        comm = 8 * 2 * 4840 / (2e6 if slow else 20e6) + (0.0 if slow else 0.1)
+        assert row["compute_s"] == pytest.approx(compute) and row["comm_s"] == pytest.approx(comm)
+        times.append(compute + comm)
+    assert out.row["round_time_s"] == pytest.approx(max(times))
+    assert out.row["virtual_time_s"] == pytest.approx(100.0 + max(times))
+    assert out.row["mean_wait_s"] == pytest.approx(np.mean([max(times) - t for t in times]))
+    assert out.row["bytes_up"] == out.row["bytes_down"] == 4 * 4840
+
+
+class PoisonOne(InProcessExecutor):
+    """Client 0 returns NaN weights (as a diverged client would)."""
+
+    def run(self, tasks):
+        out = super().run(tasks)
+        return [ClientResult(r.client_id, r.round, {k: np.full_like(v, np.nan) for k, v in r.weights.items()}, r.num_examples, r.num_samples, r.train_loss) if r.client_id == 0 else r for r in out]
+
+
+def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
+    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp"}, "federation": {"clients_per_round": 4, "rounds": 2}})
+    with torch_threads():
+        fed = build_federation(cfg)
+        summary = run_federation(fed, PoisonOne(fed), tmp_path)
+    metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
+    assert metrics["num_failed"].tolist() == [1, 1] and metrics["num_clients"].tolist() == [3, 3]
+    assert set(clients.loc[clients.client_id == 0, "status"]) == {"rejected"}
+    assert clients.loc[clients.client_id == 0, "reason"].str.contains("non-finite").all()
+    assert math.isfinite(summary["final_test_accuracy"]) and summary["final_test_accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("name", ["fedprox", "fedadam", "fedyogi", "fedadagrad"])
+def test_each_algorithm_trains_in_process(tmp_path, name):
+    extra = {"fedprox": {"mu": 0.01}}.get(name, {"server_lr": 0.01})
+    cfg = parse_config({"algorithm": {"name": name, **extra}, "model": {"name": "mlp"}, "data": {"partition": {"kind": "iid"}}, "federation": {"rounds": 6, "eval_every": 3}})
+    summary = run_local(cfg, tmp_path)
+    acc = pd.read_parquet(tmp_path / "metrics.parquet")["test_accuracy"]
+    assert acc.isna().tolist() == [True, True, False, True, True, False]  # evaluated every 3 rounds
+    assert acc[5] > acc[2] and summary["final_test_accuracy"] > 0.6  # chance is 0.1

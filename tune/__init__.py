@@ -1,0 +1,1 @@
+"""Ray Tune: search spaces and the federation trainable."""
