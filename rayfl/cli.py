@@ -1,4 +1,4 @@
-"""Command line: `rayfl run | list | plot` (console script `rayfl`, also `python -m rayfl`).
+"""Command line: `rayfl run | list | plot | submit` (console script `rayfl`, also `python -m rayfl`).
 
 Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or file),
 1 on a failure during the run. No traceback unless `--debug`.
@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rayfl.config import ConfigError, load_config
+import yaml
+
+from rayfl.config import ConfigError, apply_overrides, load_config, parse_config
 
 
 class ProgressBar:
@@ -36,14 +38,25 @@ class ProgressBar:
             self.bar.close()
 
 
+def _config(args: argparse.Namespace):
+    if getattr(args, "config_yaml", None) is not None:
+        return parse_config(apply_overrides(yaml.safe_load(args.config_yaml) or {}, args.set))
+    return load_config(args.config, args.set)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    config = _config(args)
     from rayfl.runner import new_run_dir, run_local
 
     run_dir = Path(args.out) if args.out else new_run_dir(config)
     bar = ProgressBar(config.federation.rounds)
     try:
-        summary = run_local(config, run_dir, progress=bar)
+        if args.local:
+            summary = run_local(config, run_dir, progress=bar)
+        else:
+            from rayfl import api
+
+            summary = api.run(config, run_dir, address=args.address, progress=bar)
     finally:
         bar.close()
     acc = summary["final_test_accuracy"]
@@ -84,6 +97,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from rayfl import api
+
+    config = _config(args)
+    address = api.validate_address(args.address)
+    job_id = api.submit(config, address, out=args.out)
+    print(job_id, flush=True)
+    return api.wait(address, job_id) if args.wait else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -93,7 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="config YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--out", help="RUN_DIR (default runs/<time>-<algorithm>-<dataset>)")
+    run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    run.add_argument("--local", action="store_true", help="run in this process without Ray (the reference runner)")
+    run.add_argument("--config-yaml", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
+    submit.add_argument("config", nargs="?", help="config YAML")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    submit.add_argument("--out", help="RUN_DIR on the cluster (default runs/... in the job's working dir)")
+    submit.add_argument("--wait", action="store_true", help="stream the job's logs and return its exit status")
+    submit.set_defaults(func=cmd_submit)
 
     sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)
 

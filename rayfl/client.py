@@ -8,6 +8,7 @@ algorithm's client procedure (init / step per batch / final) over seeded batches
 from __future__ import annotations
 
 import math
+import time
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from rayfl import rng
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
 from rayfl.config import ModelConfig, RunConfig
+from rayfl.devices.cost import nbytes
 from rayfl.models import build_model
 from rayfl.types import Weights
 
@@ -85,7 +87,12 @@ class ClientRunner:
         self.device = device
 
     def run(self, task: ClientTask) -> ClientResult | ClientFailure:
-        """Local training for one task; a non-finite loss ends it early as a `ClientFailure`."""
+        """Local training for one task; a non-finite loss ends it early as a `ClientFailure`.
+
+        With `task.pace` (clock: emulate) the call then sleeps until its wall time equals its
+        scaled virtual time, so stragglers are real to Ray's scheduler.
+        """
+        start = time.perf_counter()
         idx = self.train_indices[task.client_id]
         x = torch.from_numpy(self.x_train[idx]).to(self.device)
         y = torch.from_numpy(self.y_train[idx]).to(self.device)
@@ -101,4 +108,8 @@ class ClientRunner:
                         return ClientFailure(task.client_id, task.round, "non-finite training loss")
                     total += loss * len(b)
                     samples += len(b)
-            return self.procedure.final(task, state, len(idx), samples, total / max(samples, 1))
+            result = self.procedure.final(task, state, len(idx), samples, total / max(samples, 1))
+        if task.pace is not None:
+            wall = task.pace.wall_seconds(samples, nbytes(task.weights), nbytes(result.weights))
+            time.sleep(max(0.0, wall - (time.perf_counter() - start)))
+        return result

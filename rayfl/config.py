@@ -142,6 +142,7 @@ class RunConfig(Strict):
     federation: FederationConfig = FederationConfig()
     devices: DevicesConfig = DevicesConfig()
     clock: Literal["virtual", "emulate"] = "virtual"
+    clock_scale: float = Field(1.0, gt=0, description="under clock: emulate, wall seconds per virtual second")
     ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")

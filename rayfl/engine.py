@@ -9,6 +9,7 @@ is evaluated; one round row and one row per client are returned.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -24,7 +25,7 @@ from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, Feder
 from rayfl.client import ModelCache, to_numpy
 from rayfl.config import ModelConfig, RunConfig
 from rayfl.data import Dataset, Partition, load_dataset, partition
-from rayfl.devices import CostCache, Population, client_time, load_profile, nbytes, round_duration
+from rayfl.devices import CostCache, Pace, Population, client_time, load_profile, nbytes, round_duration
 from rayfl.types import Round, Weights
 
 
@@ -112,6 +113,11 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     policy, cfg = fed.policy, fed.config
     selected = policy.select(state, rnd, fed.population.available(rnd))
     tasks = {t.client_id: t for t in policy.configure(state, rnd, selected)}
+    if cfg.clock == "emulate":
+        tasks = {
+            c: dataclasses.replace(t, pace=Pace(fed.population.state(c, rnd), fed.cost_of(t.model).train_flops, cfg.clock_scale))
+            for c, t in tasks.items()
+        }
     outcomes = sorted(executor.run(list(tasks.values())), key=lambda r: r.client_id)
 
     accepted: list[ClientResult] = []

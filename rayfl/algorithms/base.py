@@ -18,6 +18,7 @@ from torch import nn
 
 from rayfl import rng
 from rayfl.config import ModelConfig, RunConfig
+from rayfl.devices.cost import Pace
 from rayfl.types import ClientId, Round, Weights
 
 
@@ -33,6 +34,8 @@ class ClientTask:
     local_epochs: int
     batch_size: int
     lr: float
+    pace: Pace | None = None
+    """Set by the engine under `clock: emulate`: the client then sleeps to its virtual time."""
 
 
 @dataclass(frozen=True)

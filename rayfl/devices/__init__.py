@@ -1,6 +1,6 @@
 """Device populations and the cost model of the virtual clock (Ray-free)."""
 
-from rayfl.devices.cost import CostCache, ModelCost, client_time, measure, nbytes, round_duration
+from rayfl.devices.cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
 from rayfl.devices.profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "DeviceProfile",
     "DeviceState",
     "ModelCost",
+    "Pace",
     "Population",
     "builtin_profiles",
     "client_time",

@@ -1,0 +1,90 @@
+"""Client actors: thin Ray hosts of the core's `ClientRunner` (they hold no formula).
+
+An actor is an executor with a fractional resource share; it takes any logical client's
+task, since a client's persistent state travels with its task. It reads the training
+arrays zero-copy from the object store, pins torch's threads to its CPU share, and on a GPU
+slice trains on CUDA with its memory capped to its fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ray
+
+from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.config import RunConfig
+from rayfl.types import Weights
+
+NAMESPACE = "rayfl"
+"""Named actors live here, so the dashboard, `ray list actors` and `ray.get_actor` find them."""
+
+
+def actor_name(run_id: str, role: str) -> str:
+    """`rayfl:<run_id>:coordinator` or `rayfl:<run_id>:client-<k>`."""
+    return f"rayfl:{run_id}:{role}"
+
+
+def torch_threads_for(cpus: float) -> int:
+    """Threads for a CPU share: floor(cpus), at least 1 (Ray's own OMP_NUM_THREADS rule)."""
+    return max(1, math.floor(cpus))
+
+
+@ray.remote
+class ClientActor:
+    """Runs client tasks for one federation; created with explicit `num_cpus` / `num_gpus`."""
+
+    def __init__(self, config: RunConfig, dataset: Any, train_indices: list, threads: int, gpu_fraction: float):
+        import torch
+
+        from rayfl.client import ClientRunner
+
+        torch.set_num_threads(threads)
+        device = "cpu"
+        if gpu_fraction > 0 and torch.cuda.is_available():
+            device = "cuda"
+            torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
+        self.device = device
+        self.runner = ClientRunner(config, dataset.x_train, dataset.y_train, train_indices, dataset.num_classes, device)
+
+    def run(self, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
+        """Train one task; the round's weights arrive as a separate (shared, zero-copy) argument."""
+        return self.runner.run(dataclasses.replace(task, weights=weights))
+
+    def info(self) -> dict[str, Any]:
+        import os
+
+        import torch
+
+        ctx = ray.get_runtime_context()
+        return {
+            "pid": os.getpid(),
+            "device": self.device,
+            "torch_threads": torch.get_num_threads(),
+            "gpu_ids": ctx.get_accelerator_ids().get("GPU", []),
+            "cuda_memory_fraction": torch.cuda.get_per_process_memory_fraction(0) if self.device == "cuda" else None,
+        }
+
+
+def create_client_actors(
+    config: RunConfig, dataset_ref: ray.ObjectRef, train_indices: list, run_id: str, count: int
+) -> list[ray.actor.ActorHandle]:
+    """`count` client actors named `rayfl:<run_id>:client-<k>`, restartable (a killed actor
+    comes back with the same arguments and the executor retries its task)."""
+    ray_cfg = config.ray
+    options = dict(
+        num_cpus=ray_cfg.cpus_per_actor,
+        num_gpus=ray_cfg.gpus_per_actor,
+        max_restarts=-1,
+        max_task_retries=0,
+        namespace=NAMESPACE,
+    )
+    threads = torch_threads_for(ray_cfg.cpus_per_actor)
+    return [
+        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote(
+            config, dataset_ref, train_indices, threads, ray_cfg.gpus_per_actor
+        )
+        for k in range(count)
+    ]

@@ -1,0 +1,93 @@
+"""The coordinator actor: hosts one federation's round loop on Ray.
+
+It owns the global model, the server policy, the device population, the virtual clock and
+the metrics writer (all core objects), creates the client actors, and runs the core's
+`run_federation` with a `RayExecutor`, so its metrics equal the in-process runner's. It is a
+threaded actor (two threads): `run` drives the rounds while `progress` answers the driver.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+
+import ray
+from ray.util import metrics as ray_metrics
+
+from actors.client import NAMESPACE, actor_name, create_client_actors
+from actors.pool import RayExecutor, pool_size
+from rayfl.config import RunConfig
+from rayfl.engine import build_federation
+from rayfl.runner import run_federation, torch_threads
+
+
+class DashboardMetrics:
+    """Gauges and counters on Ray's metrics endpoint, tagged with run id and algorithm."""
+
+    TAGS = ("run_id", "algorithm")
+
+    def __init__(self, run_id: str, algorithm: str):
+        self.tags = {"run_id": run_id, "algorithm": algorithm}
+        self.round = ray_metrics.Gauge("rayfl_round", "last finished round", tag_keys=self.TAGS)
+        self.accuracy = ray_metrics.Gauge("rayfl_test_accuracy", "test accuracy of the global model", tag_keys=self.TAGS)
+        self.virtual_time = ray_metrics.Gauge("rayfl_virtual_time_s", "virtual clock, seconds", tag_keys=self.TAGS)
+        self.bytes = ray_metrics.Counter("rayfl_bytes", "bytes exchanged with clients", tag_keys=self.TAGS)
+        self.updates = ray_metrics.Counter("rayfl_client_updates", "client updates aggregated", tag_keys=self.TAGS)
+
+    def record(self, row: Mapping[str, Any]) -> None:
+        self.round.set(row["round"], tags=self.tags)
+        if row["test_accuracy"] == row["test_accuracy"]:  # not NaN
+            self.accuracy.set(row["test_accuracy"], tags=self.tags)
+        self.virtual_time.set(row["virtual_time_s"], tags=self.tags)
+        self.bytes.inc(row["bytes_up"] + row["bytes_down"], tags=self.tags)
+        if row["num_clients"]:
+            self.updates.inc(row["num_clients"], tags=self.tags)
+
+
+@ray.remote(max_concurrency=2)
+class Coordinator:
+    def __init__(self, config: RunConfig, dataset_box: list, run_dir: str, run_id: str, num_actors: int):
+        dataset_ref = dataset_box[0]  # boxed so Ray passes the reference on instead of resolving it
+        with torch_threads():
+            self.fed = build_federation(config, ray.get(dataset_ref))
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.clients = create_client_actors(config, dataset_ref, list(self.fed.partition.train), run_id, num_actors)
+        self.metrics = DashboardMetrics(run_id, config.algorithm.name)
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def ready(self) -> int:
+        """Blocks until every client actor is up; returns their number."""
+        ray.get([a.info.remote() for a in self.clients])
+        return len(self.clients)
+
+    def run(self) -> dict[str, Any]:
+        with torch_threads():
+            return run_federation(self.fed, RayExecutor(self.clients), self.run_dir, progress=self._on_round)
+
+    def _on_round(self, row: Mapping[str, Any]) -> None:
+        self.metrics.record(row)
+        with self._lock:
+            self._rows.append(dict(row))
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Round rows finished since the last call."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+        return rows
+
+    def client_actor_names(self) -> list[str]:
+        return [actor_name(self.run_id, f"client-{k}") for k in range(len(self.clients))]
+
+    def shutdown(self) -> None:
+        for actor in self.clients:
+            ray.kill(actor)
+
+
+def create_coordinator(config: RunConfig, dataset_ref: ray.ObjectRef, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
+    """`rayfl:<run_id>:coordinator`, sized for the cluster's free resources when `num_actors: auto`."""
+    num_actors = pool_size(config, ray.available_resources())
+    return Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
+        config, [dataset_ref], run_dir, run_id, num_actors
+    )
