@@ -39,8 +39,8 @@ class Evaluator:
     """Accuracy and mean cross-entropy of a model variant on the central test set."""
 
     def __init__(self, dataset: Dataset, models: ModelCache, batch_size: int):
-        self.x = torch.from_numpy(dataset.x_test)
-        self.y = torch.from_numpy(dataset.y_test)
+        self.x = torch.tensor(dataset.x_test)  # a copy: object-store arrays are read-only
+        self.y = torch.tensor(dataset.y_test)
         self.models = models
         self.batch_size = batch_size
 
