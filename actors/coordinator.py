@@ -17,6 +17,7 @@ from ray.util import metrics as ray_metrics
 from actors.client import NAMESPACE, actor_name, create_client_actors
 from actors.pool import RayExecutor, pool_size
 from rayfl.config import RunConfig
+from rayfl.data import Partition
 from rayfl.engine import build_federation
 from rayfl.runner import run_federation, torch_threads
 
@@ -46,13 +47,16 @@ class DashboardMetrics:
 
 @ray.remote(max_concurrency=2)
 class Coordinator:
-    def __init__(self, config: RunConfig, dataset_box: list, run_dir: str, run_id: str, num_actors: int):
-        dataset_ref = dataset_box[0]  # boxed so Ray passes the reference on instead of resolving it
+    def __init__(self, config: RunConfig, dataset_box: list, run_dir: str, run_id: str, clients: list):
+        # Boxed, so the reference arrives unresolved: holding it keeps the dataset in the object
+        # store for as long as the run, which a restarting client actor needs.
+        self.dataset_ref = dataset_box[0]
         with torch_threads():
-            self.fed = build_federation(config, ray.get(dataset_ref))
+            self.fed = build_federation(config, ray.get(self.dataset_ref))
+            self.fed.cost_of(config.model)  # measure FLOPs while the client actors start
         self.run_dir = run_dir
         self.run_id = run_id
-        self.clients = create_client_actors(config, dataset_ref, list(self.fed.partition.train), run_id, num_actors)
+        self.clients = clients
         self.metrics = DashboardMetrics(run_id, config.algorithm.name)
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -85,9 +89,12 @@ class Coordinator:
             ray.kill(actor)
 
 
-def create_coordinator(config: RunConfig, dataset_ref: ray.ObjectRef, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
-    """`rayfl:<run_id>:coordinator`, sized for the cluster's free resources when `num_actors: auto`."""
+def start_federation(config: RunConfig, dataset: Any, partition: Partition, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
+    """Put the dataset in the object store once, start the client actors (as many as the free
+    resources hold under `num_actors: auto`) and `rayfl:<run_id>:coordinator`, all at once."""
+    dataset_ref = ray.put(dataset)
     num_actors = pool_size(config, ray.available_resources())
+    clients = create_client_actors(config, dataset_ref, list(partition.train), run_id, num_actors)
     return Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
-        config, [dataset_ref], run_dir, run_id, num_actors
+        config, [dataset_ref], run_dir, run_id, clients
     )

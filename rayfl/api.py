@@ -21,9 +21,9 @@ from rayfl.runner import Progress, new_run_dir
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _connect(address: str | None) -> bool:
-    """Join `address` (or $RAY_ADDRESS), else start a local cluster sized to the machine with the
-    dashboard on 127.0.0.1. Returns whether this call connected (and so should disconnect)."""
+def _connect(address: str | None, dashboard: bool) -> bool:
+    """Join `address` (or $RAY_ADDRESS), else start a local cluster sized to the machine, with the
+    dashboard on 127.0.0.1 if asked. Returns whether this call connected (and should disconnect)."""
     import ray
 
     if ray.is_initialized():
@@ -31,7 +31,7 @@ def _connect(address: str | None) -> bool:
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address)
     else:
-        ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False)
+        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", log_to_driver=False)
     return True
 
 
@@ -44,18 +44,18 @@ def run(
     checked before Ray starts. The dataset enters the object store once.
     """
     dataset = load_dataset(config.data, config.seed)
-    build_federation(config, dataset)  # validates partition, profile and model against the data
+    fed = build_federation(config, dataset)  # validates partition, profile and model against the data
     run_dir = Path(run_dir or new_run_dir(config)).resolve()
     run_id = run_dir.name
 
     import ray
 
-    from actors.coordinator import create_coordinator
+    from actors.coordinator import start_federation
 
-    connected = _connect(address or config.ray.address)
+    connected = _connect(address or config.ray.address, config.ray.dashboard)
     coordinator = None
     try:
-        coordinator = create_coordinator(config, ray.put(dataset), str(run_dir), run_id)
+        coordinator = start_federation(config, dataset, fed.partition, str(run_dir), run_id)
         ray.get(coordinator.ready.remote())
         done = coordinator.run.remote()
         finished = False

@@ -132,6 +132,7 @@ class RayConfig(Strict):
     num_actors: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
+    dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
 
 
 class RunConfig(Strict):

@@ -110,4 +110,6 @@ class Population:
         )
 
     def available(self, round: int) -> list[int]:
+        if all(c.availability >= 1 for c in self.profile.classes):
+            return list(range(len(self.class_of)))
         return [k for k in range(len(self.class_of)) if self.state(k, round).available]

@@ -29,3 +29,13 @@ def test_shape_mismatch_is_a_config_error():
         build_model(CnnConfig(), (60,), 10)
     with pytest.raises(ConfigError, match="model.name: cnn1d needs sequence input"):
         build_model(Cnn1dConfig(), (1, 8, 8), 10)
+
+
+def test_cnn2_is_fedavgs_cnn():
+    from rayfl.models.cnn2 import Cnn2Config
+
+    model = build_model(Cnn2Config(), (1, 28, 28), 10)
+    # McMahan et al.: 1,663,370 parameters on MNIST (5x5 convs 32 and 64, fc 512):
+    # (25*32 + 32) + (25*32*64 + 64) + (7*7*64*512 + 512) + (512*10 + 10)
+    assert sum(p.numel() for p in model.parameters()) == 832 + 51264 + 1606144 + 5130 == 1_663_370
+    assert build_model(Cnn2Config(), (1, 8, 8), 10)(torch.randn(2, 1, 8, 8)).shape == (2, 10)

@@ -1,0 +1,126 @@
+"""Reference FedAvg workload: rayfl on Ray against a plain sequential single-thread PyTorch loop.
+
+Workload: digits, 100 clients (Dirichlet 0.5), 10 per round, 30 rounds, 5 local epochs,
+batch 10, SGD lr 0.02 momentum 0.9, FedAvg's two-conv CNN (`cnn2`), test accuracy every round.
+The plain loop does the same work with the same data, partition, initial weights, client
+selection and batch order (it borrows rayfl's data helpers and seeded draws, nothing else).
+
+Each side runs as a fresh process and is timed from launch to exit, so imports and, for
+rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs
+twice: as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`. Prints
+the wall times, the ratios, and the accuracies; also the time of the round loop alone (for
+rayfl from the first round's start to the last round's end, Ray already up).
+
+    python bench/fedavg_reference.py [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OVERRIDES = [
+    "data.num_clients=100",
+    "federation.clients_per_round=10",
+    "federation.local_epochs=5",
+    "federation.batch_size=10",
+    "federation.lr=0.02",
+    "federation.momentum=0.9",
+    "model.name=cnn2",
+]
+
+
+def plain_loop(rounds: int) -> dict:
+    """The workload as a plain PyTorch loop: one thread, one process, no Ray."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from rayfl import rng
+    from rayfl.client import batches
+    from rayfl.config import load_config
+    from rayfl.data import load_dataset, partition
+    from rayfl.models import build_model
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    cfg = load_config(None, [*OVERRIDES, f"federation.rounds={rounds}"])
+    fed, seed = cfg.federation, cfg.seed
+    ds = load_dataset(cfg.data, seed)
+    parts = partition(ds, cfg.data, seed).train
+    with rng.seeded_torch(seed, "init"):
+        model = build_model(cfg.model, ds.input_shape, ds.num_classes)
+    x_test, y_test = torch.tensor(ds.x_test), torch.tensor(ds.y_test)
+    loop_start = time.perf_counter()
+    acc = 0.0
+    for rnd in range(1, rounds + 1):
+        chosen = sorted(rng.generator(seed, "select", rnd).choice(np.arange(len(parts)), fed.clients_per_round, replace=False))
+        global_state = {k: v.clone() for k, v in model.state_dict().items()}
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        n_total = 0
+        for c in chosen:
+            idx = parts[c]
+            x, y = torch.from_numpy(ds.x_train[idx]), torch.from_numpy(ds.y_train[idx])
+            model.load_state_dict(global_state)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=fed.lr, momentum=fed.momentum)
+            g = rng.generator(seed, "batches", rnd, int(c))
+            for _ in range(fed.local_epochs):
+                for b in batches(len(idx), fed.batch_size, g):
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[b]), y[b]).backward()
+                    opt.step()
+            for k, v in model.state_dict().items():
+                total[k] += len(idx) * v.double()
+            n_total += len(idx)
+        model.load_state_dict({k: (v / n_total).float() for k, v in total.items()})
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(x_test).argmax(1) == y_test).float().mean())
+    end = time.perf_counter()
+    return {"accuracy": acc, "loop_s": end - loop_start, "inside_s": end - start}
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return time.perf_counter() - start, out.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain:
+        print(json.dumps(plain_loop(args.rounds)))
+        return
+
+    plain_wall, plain_out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
+    plain = json.loads(plain_out.strip().splitlines()[-1])
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, extra in (("rayfl, dashboard on", []), ("rayfl, dashboard off", ["ray.dashboard=false"])):
+            sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
+            out = f"{tmp}/{len(runs)}"
+            wall, _ = timed([sys.executable, "-m", "rayfl", "run", *sets, "--out", out])
+            runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
+    print(f"workload: digits, 100 clients, 10/round, {args.rounds} rounds, 5 epochs, batch 10, cnn2, SGD 0.02 m0.9")
+    print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio (loop)':>14}")
+    print(f"{'plain PyTorch loop':<24}{plain_wall:>16.1f}{plain['loop_s']:>14.1f}{plain['accuracy']:>10.4f}")
+    for label, (wall, summary) in runs.items():
+        print(
+            f"{label:<24}{wall:>16.1f}{summary['wall_time_s']:>14.1f}{summary['final_test_accuracy']:>10.4f}"
+            f"{wall / plain_wall:>14.2f}{summary['wall_time_s'] / plain['loop_s']:>14.2f}"
+        )
+    worst = max(abs(s["final_test_accuracy"] - plain["accuracy"]) for _, s in runs.values())
+    print(f"largest accuracy difference: {worst * 100:.2f} points")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Start a local Ray head node for rayfl: dashboard on 127.0.0.1 only, token authentication on.
+#   cluster/start-local-head.sh [NUM_CPUS] [NUM_GPUS]
+# Then: rayfl submit CONFIG.yaml --address http://127.0.0.1:8265 --wait
+# Stop with `ray stop` (note: it stops every Ray process on this host).
+set -euo pipefail
+cpus=${1:-$(nproc)}
+gpus=${2:-0}
+export RAY_AUTH_MODE=token
+# Ray's clients read the token from $RAY_AUTH_TOKEN or ~/.ray/auth_token; create one if missing.
+if [ -z "${RAY_AUTH_TOKEN:-}" ] && [ ! -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; then
+  ray get-auth-token --generate >/dev/null
+fi
+ray start --head \
+  --num-cpus "$cpus" --num-gpus "$gpus" \
+  --dashboard-host 127.0.0.1 --dashboard-port "${RAYFL_DASHBOARD_PORT:-8265}" \
+  --disable-usage-stats
+echo "dashboard: http://127.0.0.1:${RAYFL_DASHBOARD_PORT:-8265} (send the token: Authorization: Bearer \$(cat ~/.ray/auth_token))"

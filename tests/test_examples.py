@@ -1,0 +1,24 @@
+"""Shipped configs and cluster manifests stay valid."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayfl.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.federation.rounds >= 1
+
+
+def test_cluster_manifests_parse():
+    job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
+    assert job["kind"] == "RayJob" and "rayfl" in job["spec"]["entrypoint"]
+    auto = yaml.safe_load((ROOT / "cluster" / "autoscaler.yaml").read_text())
+    assert auto["head_node_type"] in auto["available_node_types"]
+    assert all("--dashboard-host=127.0.0.1" in c for c in auto["head_start_ray_commands"] if "ray start" in c)
