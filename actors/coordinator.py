@@ -66,9 +66,9 @@ class Coordinator:
         ray.get([a.info.remote() for a in self.clients])
         return len(self.clients)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, resume: bool = False) -> dict[str, Any]:
         with torch_threads():
-            return run_federation(self.fed, RayExecutor(self.clients), self.run_dir, progress=self._on_round)
+            return run_federation(self.fed, RayExecutor(self.clients), self.run_dir, self._on_round, resume)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         self.metrics.record(row)

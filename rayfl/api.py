@@ -36,9 +36,14 @@ def _connect(address: str | None, dashboard: bool) -> bool:
 
 
 def run(
-    config: RunConfig, run_dir: str | Path | None = None, address: str | None = None, progress: Progress | None = None
+    config: RunConfig,
+    run_dir: str | Path | None = None,
+    address: str | None = None,
+    progress: Progress | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run one federation on Ray: a coordinator actor and client actors; returns the summary.
+    With `resume`, continue RUN_DIR from its newest checkpoint.
 
     Everything that can be wrong with the input (dataset, partition, model, device profile) is
     checked before Ray starts. The dataset enters the object store once.
@@ -57,7 +62,7 @@ def run(
     try:
         coordinator = start_federation(config, dataset, fed.partition, str(run_dir), run_id)
         ray.get(coordinator.ready.remote())
-        done = coordinator.run.remote()
+        done = coordinator.run.remote(resume)
         finished = False
         while not finished:
             finished = bool(ray.wait([done], timeout=0.5)[0])

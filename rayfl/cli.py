@@ -39,6 +39,10 @@ class ProgressBar:
 
 
 def _config(args: argparse.Namespace):
+    if getattr(args, "resume", None):
+        if args.config:
+            raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
+        return load_config(Path(args.resume) / "config.yaml", args.set)
     if getattr(args, "config_yaml", None) is not None:
         return parse_config(apply_overrides(yaml.safe_load(args.config_yaml) or {}, args.set))
     return load_config(args.config, args.set)
@@ -48,15 +52,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
     from rayfl.runner import new_run_dir, run_local
 
-    run_dir = Path(args.out) if args.out else new_run_dir(config)
+    run_dir = Path(args.resume or args.out or new_run_dir(config))
+    resume = bool(args.resume)
     bar = ProgressBar(config.federation.rounds)
     try:
         if args.local:
-            summary = run_local(config, run_dir, progress=bar)
+            summary = run_local(config, run_dir, progress=bar, resume=resume)
         else:
             from rayfl import api
 
-            summary = api.run(config, run_dir, address=args.address, progress=bar)
+            summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
     finally:
         bar.close()
     acc = summary["final_test_accuracy"]
@@ -116,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="config YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--out", help="RUN_DIR (default runs/<time>-<algorithm>-<dataset>)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)")
     run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
     run.add_argument("--local", action="store_true", help="run in this process without Ray (the reference runner)")
     run.add_argument("--config-yaml", help=argparse.SUPPRESS)

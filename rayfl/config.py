@@ -121,6 +121,7 @@ class FederationConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_batch_size: int = Field(500, ge=1)
+    checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
 
 
 class DevicesConfig(Strict):

@@ -46,6 +46,15 @@ class Recorder:
         self.rounds: list[dict[str, Any]] = [dict(r) for r in rounds]
         self.clients: list[dict[str, Any]] = [dict(r) for r in clients]
 
+    @classmethod
+    def reopen(cls, run_dir: str | Path, through_round: int) -> "Recorder":
+        """A run's recorder as it stood after `through_round` (later rows are dropped)."""
+        run_dir = Path(run_dir)
+        rounds = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").is_file() else pd.DataFrame()
+        clients = pd.read_parquet(run_dir / "clients.parquet") if (run_dir / "clients.parquet").is_file() else pd.DataFrame()
+        keep = lambda df: df[df["round"] <= through_round].to_dict("records") if len(df) else []  # noqa: E731
+        return cls(run_dir, keep(rounds), keep(clients))
+
     def record(self, row: Mapping[str, Any], clients: Iterable[Mapping[str, Any]]) -> None:
         self.rounds.append(dict(row))
         self.clients.extend(dict(c) for c in clients)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from rayfl import checkpoint
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
 from rayfl.client import TORCH_THREADS, ClientRunner
 from rayfl.config import RunConfig, dump_config
@@ -45,19 +46,33 @@ def new_run_dir(config: RunConfig, root: str | Path = "runs") -> Path:
     return path
 
 
-def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, progress: Progress | None = None) -> dict[str, Any]:
-    """All rounds of one federation; writes RUN_DIR as it goes and returns the summary."""
+def run_federation(
+    fed: Federation, executor: Executor, run_dir: str | Path, progress: Progress | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """All rounds of one federation; writes RUN_DIR as it goes and returns the summary.
+
+    With `resume`, it continues from RUN_DIR's newest checkpoint: rows recorded after that
+    round are dropped and recomputed (identically, since every draw is keyed by round).
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(fed.config, run_dir / "config.yaml")
-    recorder = Recorder(run_dir)
-    state = fed.policy.init_state(fed.initial_weights())
-    virtual_time, start = 0.0, time.perf_counter()
-    for rnd in range(1, fed.config.federation.rounds + 1):
+    if resume:
+        state, virtual_time = checkpoint.latest(run_dir)
+        recorder = Recorder.reopen(run_dir, state.round)
+        elapsed = recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0
+    else:
+        state, virtual_time, elapsed = fed.policy.init_state(fed.initial_weights()), 0.0, 0.0
+        recorder = Recorder(run_dir)
+    fed_cfg = fed.config.federation
+    start = time.perf_counter() - elapsed
+    for rnd in range(state.round + 1, fed_cfg.rounds + 1):
         out = run_round(fed, state, rnd, executor, virtual_time)
         state, virtual_time = out.state, out.row["virtual_time_s"]
         row = {**out.row, "wall_time_s": time.perf_counter() - start}
         recorder.record(row, out.clients)
+        if fed_cfg.checkpoint_every and (rnd % fed_cfg.checkpoint_every == 0 or rnd == fed_cfg.rounds):
+            checkpoint.save(run_dir, state, virtual_time)
         if progress is not None:
             progress(row)
     cost = fed.cost_of(fed.config.model)
@@ -82,8 +97,10 @@ class InProcessExecutor:
         return [self.runner.run(t) for t in tasks]
 
 
-def run_local(config: RunConfig, run_dir: str | Path | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def run_local(
+    config: RunConfig, run_dir: str | Path | None = None, progress: Progress | None = None, resume: bool = False
+) -> dict[str, Any]:
     """The whole federation in this process, sequentially (tests, debugging, the reference)."""
     with torch_threads():
         fed = build_federation(config)
-        return run_federation(fed, InProcessExecutor(fed), run_dir or new_run_dir(config), progress)
+        return run_federation(fed, InProcessExecutor(fed), run_dir or new_run_dir(config), progress, resume)

@@ -30,7 +30,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
 
 def test_run_list_and_plot(tmp_path):
     run_dir = tmp_path / "run"
-    out = rayfl("run", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir), cwd=tmp_path)
+    out = rayfl("run", "--local", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
     listing = rayfl("list").stdout
@@ -41,3 +41,14 @@ def test_run_list_and_plot(tmp_path):
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert pngs == ["accuracy_vs_round.png", "accuracy_vs_virtual_time.png"]
     assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_resume_extends_a_run_in_place(tmp_path):
+    run_dir = tmp_path / "run"
+    first = rayfl("run", "--local", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir))
+    assert first.returncode == 0, first.stderr
+    again = rayfl("run", "--local", "--resume", str(run_dir), "--set", "federation.rounds=3")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 3
+    both = rayfl("run", "cfg.yaml", "--resume", str(run_dir), cwd=tmp_path)
+    assert both.returncode == 2 and "takes the run's own config.yaml" in both.stderr
