@@ -7,27 +7,21 @@ and a linear classifier.
 
 from __future__ import annotations
 
-from pydantic import Field
 from torch import nn
 
-from rayfl.config import ConfigError, ModelConfig
-from rayfl.models.layers import Norm, Scaler, make_norm, scaled
+from rayfl.models.layers import ScaledConfig, Scaler, make_norm, require_input, scaled
 from rayfl.models.registry import register
 
 HIDDEN = (64, 128, 256, 512)
 
 
-class CnnConfig(ModelConfig):
+class CnnConfig(ScaledConfig):
     name: str = "cnn"
-    rate: float = Field(1.0, gt=0, le=1, description="width rate r: hidden sizes ceil(r * [64,128,256,512])")
-    norm: Norm = "bn"
-    scaler: float = Field(1.0, gt=0, le=1, description="Scaler rate: the width relative to the global model")
 
 
 @register("cnn", CnnConfig, "HeteroFL CNN: 4 conv blocks [64,128,256,512]*rate, image input (C,H,W)")
 def build_cnn(config: CnnConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if len(input_shape) != 3:
-        raise ConfigError(f"model.name: cnn needs image input (C, H, W), the dataset gives {input_shape}")
+    require_input("cnn", input_shape, 3, "image (C, H, W)")
     widths = [scaled(w, config.rate) for w in HIDDEN]
     layers: list[nn.Module] = []
     channels = input_shape[0]

@@ -5,23 +5,19 @@ Convolutions keep the spatial size ("same" padding), so it fits 8x8 digits as we
 
 from __future__ import annotations
 
-from pydantic import Field
 from torch import nn
 
-from rayfl.config import ConfigError, ModelConfig
-from rayfl.models.layers import scaled
+from rayfl.models.layers import WidthConfig, require_input, scaled
 from rayfl.models.registry import register
 
 
-class Cnn2Config(ModelConfig):
+class Cnn2Config(WidthConfig):
     name: str = "cnn2"
-    rate: float = Field(1.0, gt=0, le=1, description="width rate r: channels ceil(r * [32, 64]), hidden ceil(r * 512)")
 
 
 @register("cnn2", Cnn2Config, "FedAvg's CNN: 2 conv(5x5) [32,64]*rate + pool, fc 512*rate, image input (C,H,W)")
 def build_cnn2(config: Cnn2Config, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if len(input_shape) != 3:
-        raise ConfigError(f"model.name: cnn2 needs image input (C, H, W), the dataset gives {input_shape}")
+    require_input("cnn2", input_shape, 3, "image (C, H, W)")
     c1, c2, hidden = scaled(32, config.rate), scaled(64, config.rate), scaled(512, config.rate)
     channels, h, w = input_shape
     flat = c2 * (h // 4) * (w // 4)

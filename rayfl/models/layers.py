@@ -6,9 +6,31 @@ import math
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
+from rayfl.config import ConfigError, ModelConfig
+
 Norm = Literal["bn", "sbn", "gn", "in", "ln", "none"]
+
+
+class WidthConfig(ModelConfig):
+    """A model family whose hidden sizes scale with a width rate (HeteroFL Sec. 3.1)."""
+
+    rate: float = Field(1.0, gt=0, le=1, description="width rate r: every hidden size becomes ceil(r * size)")
+
+
+class ScaledConfig(WidthConfig):
+    """A width-scalable family with a normalization choice and HeteroFL's Scaler."""
+
+    norm: Norm = "bn"
+    scaler: float = Field(1.0, gt=0, le=1, description="Scaler rate: the width relative to the global model")
+
+
+def require_input(family: str, input_shape: tuple[int, ...], dims: int, what: str) -> None:
+    """A one-line `ConfigError` when the dataset's samples do not have the family's shape."""
+    if len(input_shape) != dims:
+        raise ConfigError(f"model.name: {family} needs {what} input, the dataset gives {input_shape}")
 
 
 class Scaler(nn.Module):

@@ -7,17 +7,14 @@ import math
 from pydantic import Field
 from torch import nn
 
-from rayfl.config import ModelConfig
-from rayfl.models.layers import Norm, Scaler, make_norm, scaled
+from rayfl.models.layers import Norm, ScaledConfig, Scaler, make_norm, scaled
 from rayfl.models.registry import register
 
 
-class MlpConfig(ModelConfig):
+class MlpConfig(ScaledConfig):
     name: str = "mlp"
     hidden: tuple[int, ...] = Field((200, 200), description="hidden sizes at rate 1")
-    rate: float = Field(1.0, gt=0, le=1, description="width rate r: hidden sizes ceil(r * hidden)")
     norm: Norm = "none"
-    scaler: float = Field(1.0, gt=0, le=1, description="Scaler rate: the width relative to the global model")
 
 
 @register("mlp", MlpConfig, "MLP: flatten -> [Linear -> Scaler -> norm -> ReLU]* -> Linear, any input")

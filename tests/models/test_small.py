@@ -25,9 +25,9 @@ def test_cnn1d_on_mnist1d_shape():
 
 
 def test_shape_mismatch_is_a_config_error():
-    with pytest.raises(ConfigError, match="model.name: cnn needs image input"):
+    with pytest.raises(ConfigError, match=r"model.name: cnn needs image \(C, H, W\) input"):
         build_model(CnnConfig(), (60,), 10)
-    with pytest.raises(ConfigError, match="model.name: cnn1d needs sequence input"):
+    with pytest.raises(ConfigError, match=r"model.name: cnn1d needs sequence \(C, L\) input"):
         build_model(Cnn1dConfig(), (1, 8, 8), 10)
 
 
