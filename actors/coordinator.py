@@ -53,7 +53,7 @@ class Coordinator:
         self.dataset_ref = dataset_box[0]
         with torch_threads():
             self.fed = build_federation(config, ray.get(self.dataset_ref))
-            self.fed.cost_of(config.model)  # measure FLOPs while the client actors start
+            self.fed.cost_of(self.fed.policy.global_model())  # measure FLOPs while the client actors start
         self.run_dir = run_dir
         self.run_id = run_id
         self.clients = clients

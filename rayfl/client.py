@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Hashable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -18,9 +18,9 @@ from torch import nn
 from rayfl import rng
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
-from rayfl.config import ModelConfig, RunConfig
+from rayfl.config import RunConfig
 from rayfl.devices.cost import nbytes
-from rayfl.models import build_model
+from rayfl.models import ModelCache
 from rayfl.types import Weights
 
 TORCH_THREADS = 1
@@ -28,33 +28,8 @@ TORCH_THREADS = 1
 depend on the host (in-process, one actor or many give bit-identical metrics)."""
 
 
-def to_torch(weights: Weights) -> dict[str, torch.Tensor]:
-    """numpy state -> torch state (copies, so read-only object-store arrays are fine)."""
-    return {k: torch.tensor(np.asarray(v)) for k, v in weights.items()}
-
-
 def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-
-
-class ModelCache:
-    """One module per (variant, input shape, classes); weights are loaded per use."""
-
-    def __init__(self, input_shape: Sequence[int], num_classes: int, device: str = "cpu"):
-        self.input_shape = tuple(input_shape)
-        self.num_classes = num_classes
-        self.device = device
-        self._models: dict[Hashable, nn.Module] = {}
-
-    def build(self, variant: ModelConfig) -> nn.Module:
-        return build_model(variant, self.input_shape, self.num_classes)
-
-    def load(self, variant: ModelConfig, weights: Weights) -> nn.Module:
-        if variant not in self._models:
-            self._models[variant] = self.build(variant).to(self.device)
-        model = self._models[variant]
-        model.load_state_dict(to_torch(weights))
-        return model
 
 
 def batches(num_examples: int, batch_size: int, g: np.random.Generator) -> list[np.ndarray]:

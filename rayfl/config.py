@@ -119,6 +119,7 @@ class FederationConfig(Strict):
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(None, gt=0, description="clip each step's gradient norm to this (HeteroFL: 1)")
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_batch_size: int = Field(500, ge=1)
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")

@@ -15,46 +15,24 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from rayfl import rng
 from rayfl.algorithms import registry
 from rayfl.algorithms.aggregate import invalid_reason
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
-from rayfl.client import ModelCache, to_numpy
+from rayfl.client import to_numpy
+from rayfl.evaluate import Evaluator
+from rayfl.models import ModelCache
 from rayfl.config import ModelConfig, RunConfig
 from rayfl.data import Dataset, Partition, load_dataset, partition
-from rayfl.devices import CostCache, Pace, Population, client_time, load_profile, nbytes, round_duration
-from rayfl.types import Round, Weights
+from rayfl.devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, nbytes, round_duration
+from rayfl.types import Round
 
 
 class Executor(Protocol):
     """Runs a round's client tasks and returns one outcome per task, in any order."""
 
     def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]: ...
-
-
-class Evaluator:
-    """Accuracy and mean cross-entropy of a model variant on the central test set."""
-
-    def __init__(self, dataset: Dataset, models: ModelCache, batch_size: int):
-        self.x = torch.tensor(dataset.x_test)  # a copy: object-store arrays are read-only
-        self.y = torch.tensor(dataset.y_test)
-        self.models = models
-        self.batch_size = batch_size
-
-    def __call__(self, weights: Weights, variant: ModelConfig) -> dict[str, float]:
-        model = self.models.load(variant, weights)
-        model.eval()
-        correct, loss = 0, 0.0
-        with torch.no_grad():
-            for i in range(0, len(self.y), self.batch_size):
-                logits = model(self.x[i : i + self.batch_size])
-                y = self.y[i : i + self.batch_size]
-                loss += float(F.cross_entropy(logits, y, reduction="sum"))
-                correct += int((logits.argmax(1) == y).sum())
-        return {"accuracy": correct / len(self.y), "loss": loss / len(self.y)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,10 +52,10 @@ class Federation:
     def initial_weights(self) -> dict[str, np.ndarray]:
         """The global model's initial weights, seeded by (seed, "init")."""
         with rng.seeded_torch(self.config.seed, "init"):
-            return to_numpy(self.models.build(self.config.model))
+            return to_numpy(self.models.build(self.policy.global_model()))
 
-    def cost_of(self, variant: ModelConfig):
-        return self.costs.get(variant, lambda: self.models.build(variant), self.dataset.input_shape)
+    def cost_of(self, variant: ModelConfig) -> ModelCost:
+        return self.context.cost_of(variant)
 
 
 def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Federation:
@@ -87,6 +65,7 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
     population = Population(load_profile(config.devices.profile), config.data.num_clients, config.seed)
     models = ModelCache(dataset.input_shape, dataset.num_classes)
     probe = models.build(config.model)
+    costs = CostCache()
     context = FederationContext(
         seed=config.seed,
         num_clients=config.data.num_clients,
@@ -95,10 +74,13 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
         num_examples=parts.sizes(),
         label_histogram=parts.label_histogram(),
         param_names=frozenset(name for name, _ in probe.named_parameters()),
+        memory_bytes=np.array([population.device_class(k).memory_mb * 2**20 for k in range(config.data.num_clients)]),
+        test_split=parts.test,
+        cost_of=lambda variant: costs.get(variant, lambda: models.build(variant), dataset.input_shape),
     )
     policy = registry.get(config.algorithm.name).policy(config, context)
-    evaluator = Evaluator(dataset, models, config.federation.eval_batch_size)
-    return Federation(config, dataset, parts, population, context, policy, models, CostCache(), evaluator)
+    evaluator = Evaluator(dataset, parts.train, models, config.federation.eval_batch_size)
+    return Federation(config, dataset, parts, population, context, policy, models, costs, evaluator)
 
 
 @dataclass(frozen=True)
@@ -132,6 +114,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             "device_flops": device.flops,
             "bandwidth_mbps": device.bandwidth_bps / 1e6,
             "batch_size": task.batch_size,
+            "model_rate": getattr(task.model, "rate", math.nan),
         }
         if isinstance(out, ClientFailure):
             row.update(status="failed", reason=out.reason)

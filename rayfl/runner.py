@@ -75,13 +75,14 @@ def run_federation(
             checkpoint.save(run_dir, state, virtual_time)
         if progress is not None:
             progress(row)
-    cost = fed.cost_of(fed.config.model)
+    cost = fed.cost_of(fed.policy.global_model())
     extra = {
         "dataset": fed.config.data.name,
         "num_clients": fed.config.data.num_clients,
         "seed": fed.config.seed,
         "model_params": cost.num_params,
         "model_train_flops_per_sample": cost.train_flops,
+        **fed.policy.summary(),
     }
     return recorder.summary(fed.config.algorithm.name, extra)
 

@@ -72,3 +72,60 @@ def difference(new: Weights, old: Weights, names: Sequence[str] | None = None) -
 def merge(base: Mapping[str, np.ndarray], updates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`base` with the entries of `updates` replacing their namesakes, cast to `base`'s dtypes."""
     return {k: _cast(np.asarray(updates[k]), np.asarray(v)) if k in updates else v for k, v in base.items()}
+
+
+def prefix(shape: Sequence[int]) -> tuple[slice, ...]:
+    """The leading block of a tensor: HeteroFL's index set, the first n entries of every dimension."""
+    return tuple(slice(0, n) for n in shape)
+
+
+def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """HeteroFL sub-model (Sec. 3.1): every tensor's leading block of the sub-model's shape.
+
+    Taking the first ceil(r C) channels of every layer keeps the layers aligned along the chain
+    (a layer's input channels are the previous layer's first outputs; a PreResNet shortcut's are
+    its block's input channels), so slicing by shape alone is the paper's extraction.
+    """
+    out = {}
+    for name, shape in shapes.items():
+        full = np.asarray(global_weights[name])
+        if len(shape) != full.ndim or any(n > m for n, m in zip(shape, full.shape)):
+            raise AggregationError(f"{name}: sub-model shape {tuple(shape)} does not fit {full.shape}")
+        out[name] = full[prefix(shape)].copy()
+    return out
+
+
+def count_mean(
+    global_weights: Weights,
+    updates: Sequence[Weights],
+    row_masks: Sequence[Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, np.ndarray]:
+    """HeteroFL's aggregation: each entry is the mean over the clients whose sub-model holds it.
+
+    theta_e = sum_m theta_m,e / N_e over the clients m holding entry e, where N_e counts them;
+    entries no client holds keep their global value. `row_masks[m]`, when given, restricts named
+    tensors (the classifier's weight rows and bias) to the rows marked True for client m: the
+    classes of its label split. No weighting by sample count (public code `fed.py` combine).
+    """
+    masks = row_masks or [{} for _ in updates]
+    out: dict[str, np.ndarray] = {}
+    for name, old in global_weights.items():
+        old = np.asarray(old)
+        acc = np.zeros(old.shape, np.float64)
+        cnt = np.zeros(old.shape, np.float64)
+        for upd, mask in zip(updates, masks):
+            if name not in upd:
+                continue
+            arr = np.asarray(upd[name], np.float64)
+            if arr.ndim != old.ndim or any(n > m for n, m in zip(arr.shape, old.shape)):
+                raise AggregationError(f"{name}: shape {arr.shape} does not fit {old.shape}")
+            block = prefix(arr.shape)
+            held = np.ones(arr.shape, bool)
+            if name in mask:
+                rows = np.asarray(mask[name], bool)
+                held &= rows.reshape((-1,) + (1,) * (arr.ndim - 1))[: arr.shape[0]]
+            acc[block] += np.where(held, arr, 0.0)
+            cnt[block] += held
+        mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
+        out[name] = _cast(np.where(cnt > 0, mean, old), old)
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -18,8 +18,11 @@ from torch import nn
 
 from rayfl import rng
 from rayfl.config import ModelConfig, RunConfig
-from rayfl.devices.cost import Pace
+from rayfl.devices.cost import ModelCost, Pace
 from rayfl.types import ClientId, Round, Weights
+
+if TYPE_CHECKING:
+    from rayfl.evaluate import Evaluator
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,13 @@ class FederationContext:
     """(num_clients, num_classes) label counts per client."""
     param_names: frozenset[str]
     """State-dict names that are trainable parameters (the rest are buffers)."""
+    memory_bytes: np.ndarray
+    """Each client's device memory budget, bytes."""
+    test_split: tuple[np.ndarray, ...] | None
+    """Per-client test indices where the partition defines them (shards), else None."""
+    cost_of: Callable[[ModelConfig], ModelCost]
+    """Measured size, FLOPs and activations of a model variant (cached)."""
 
-
-Evaluator = Callable[[Weights, ModelConfig], Mapping[str, float]]
 
 
 class ServerPolicy:
@@ -99,6 +106,14 @@ class ServerPolicy:
     def __init__(self, config: RunConfig, context: FederationContext):
         self.config = config
         self.context = context
+
+    def global_model(self) -> ModelConfig:
+        """The variant the server holds and evaluates (the configured model by default)."""
+        return self.config.model
+
+    def summary(self) -> dict[str, Any]:
+        """Extra `summary.json` entries of this algorithm."""
+        return {}
 
     def init_state(self, weights: Weights) -> ServerState:
         return ServerState(round=0, weights=dict(weights))
@@ -119,7 +134,7 @@ class ServerPolicy:
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
 
-    def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
+    def evaluate(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
         """Test metrics of the global model: `test_accuracy`, `test_loss`."""
         out = evaluator(state.weights, self.config.model)
         return {"test_accuracy": out["accuracy"], "test_loss": out["loss"]}

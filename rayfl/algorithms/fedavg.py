@@ -70,6 +70,8 @@ class FedAvgClient(ClientProcedure):
         state.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(state, state.model(x), y)
         loss.backward()
+        if self.config.federation.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.config.federation.grad_clip)
         state.optimizer.step()
         return float(loss.detach())
 

@@ -11,7 +11,9 @@ from rayfl.config import parse_config
 
 
 def context(param_names=("w",)):
-    return FederationContext(0, 4, 2, (2,), np.array([10, 30, 5, 5]), np.zeros((4, 2)), frozenset(param_names))
+    return FederationContext(
+        0, 4, 2, (2,), np.array([10, 30, 5, 5]), np.zeros((4, 2)), frozenset(param_names), np.full(4, 2**30), None, cost_of=None
+    )
 
 
 def result(cid, w, n, extra=None):

@@ -1,0 +1,245 @@
+"""HeteroFL: "HeteroFL: Computation and Communication Efficient Federated Learning for
+Heterogeneous Clients", Enmao Diao, Jie Ding, Vahid Tarokh, ICLR 2021 (arXiv:2010.01264).
+
+Clients train nested width slices of one global model: level p keeps the first ceil(r_p C)
+channels of every hidden layer (Sec. 3.1, `aggregate.extract`), and the server averages every
+entry over the clients that hold it (Sec. 3.1, `aggregate.count_mean`), classifier rows only
+over the clients whose label split has the class. The Scaler divides by the rate relative to
+the global model in training (Sec. 3.2); static BN keeps no running statistics in training and
+recomputes them before evaluation (Sec. 3.2). Clients mask absent classes in the cross-entropy
+(Sec. 3.2, "masking trick").
+
+Where the paper and its public code differ, this follows the paper and offers the code's
+behaviour as options: the code fills masked logits with 0 (`mask: zero`, the default, as the
+code; `-inf` removes absent classes from the softmax entirely) and calibrates sBN over the
+whole training set (`sbn_clients: 1.0`; a fraction samples that share of clients per evaluation).
+Levels: a=1, b=1/2, c=1/4, d=1/8, e=1/16; a mix `a1-b1-e1` gives proportions; the first letter
+is the global model. `fix` deals levels to clients in index blocks once; `dynamic` re-draws every
+client's level each round; `capability` gives each client the widest level of the mix whose
+training memory fits its device's budget (clients that fit none never take part).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+from torch import nn
+
+from rayfl import rng
+from rayfl.algorithms import aggregate
+from rayfl.algorithms.base import ClientResult, ClientTask, FederationContext, LocalState, ServerPolicy, ServerState
+from rayfl.algorithms.fedavg import FedAvgClient
+from rayfl.algorithms.registry import Algorithm, register
+from rayfl.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
+from rayfl.evaluate import Evaluator, scores
+from rayfl.models import build_model
+from rayfl.models.layers import ScaledConfig
+from rayfl.types import ClientId, Round
+
+RATES = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
+_MIX = re.compile(r"^[a-e]\d+(-[a-e]\d+)*$")
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    rate: float
+    proportion: int
+
+
+def parse_levels(mix: str) -> list[Level]:
+    """`a1-b1-e2` -> levels a, b, e with proportions 1, 1, 2 (the global model is the first)."""
+    return [Level(tok[0], RATES[tok[0]], int(tok[1:])) for tok in mix.split("-")]
+
+
+class HeteroFLConfig(AlgorithmConfig):
+    name: str = "heterofl"
+    levels: str = Field("a1-b1-c1-d1-e1", description="level mix: letters a..e (rates 1..1/16) with proportions")
+    mode: Literal["fix", "dynamic", "capability"] = "dynamic"
+    mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
+    sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
+
+    @field_validator("levels")
+    @classmethod
+    def _mix(cls, v: str) -> str:
+        if not _MIX.match(v) or any(int(t[1:]) == 0 for t in v.split("-")) or len({t[0] for t in v.split("-")}) != len(v.split("-")):
+            raise ValueError("write levels like a1-b1-e1: distinct letters a..e, each with a positive proportion")
+        return v
+
+
+def assign_fix(levels: Sequence[Level], num_clients: int) -> np.ndarray:
+    """Public code `fix`: level k repeated q * p_k times in order, q = floor(N / sum p); the rest get the last."""
+    q = num_clients // sum(l.proportion for l in levels)
+    out = np.concatenate([np.full(q * l.proportion, k) for k, l in enumerate(levels)]).astype(int)
+    return np.concatenate([out, np.full(num_clients - len(out), len(levels) - 1)]).astype(int)
+
+
+def assign_capability(levels: Sequence[Level], memory_needed: Sequence[float], budgets: np.ndarray) -> np.ndarray:
+    """The widest level whose training memory fits each client's budget; -1 when none fits."""
+    order = sorted(range(len(levels)), key=lambda k: -levels[k].rate)
+    out = np.full(len(budgets), -1)
+    for c, budget in enumerate(budgets):
+        out[c] = next((k for k in order if memory_needed[k] <= budget), -1)
+    return out
+
+
+@dataclass(frozen=True)
+class HeteroFLTask(ClientTask):
+    label_split: tuple[int, ...] = ()
+    """Classes of the client's data: the masked cross-entropy keeps only these."""
+
+
+class HeteroFLPolicy(ServerPolicy):
+    def __init__(self, config: RunConfig, context: FederationContext):
+        super().__init__(config, context)
+        if not isinstance(config.model, ScaledConfig):
+            raise ConfigError(f"model.name: {config.algorithm.name} needs a width-scalable model with a Scaler (cnn, mlp, cnn1d, preresnet18)")
+        self.levels = parse_levels(config.algorithm.levels)
+        g = self.levels[0].rate
+        self.variants = [config.model.model_copy(update={"rate": l.rate, "scaler": l.rate / g}) for l in self.levels]
+        self.shapes = [self._shapes(v) for v in self.variants]
+        self.label_splits = [tuple(int(c) for c in np.flatnonzero(h)) for h in context.label_histogram]
+        mode = config.algorithm.mode
+        if mode == "fix":
+            self.fixed = assign_fix(self.levels, context.num_clients)
+        elif mode == "capability":
+            slots = 1 if config.federation.momentum else 0
+            need = [context.cost_of(v).training_memory(config.federation.batch_size, slots) for v in self.variants]
+            self.fixed = assign_capability(self.levels, need, context.memory_bytes)
+            if (self.fixed < 0).all():
+                raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
+        else:
+            self.fixed = None
+        self.classifier = _classifier_keys(self.shapes[0])
+
+    def _shapes(self, variant: ModelConfig) -> dict[str, tuple[int, ...]]:
+        model = build_model(variant, self.context.input_shape, self.context.num_classes)
+        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    def global_model(self) -> ModelConfig:
+        return self.variants[0]
+
+    def level_of(self, round: Round, client: ClientId) -> int:
+        """The client's level this round (-1: it fits none and sits the round out)."""
+        if self.fixed is not None:
+            return int(self.fixed[client])
+        p = np.array([l.proportion for l in self.levels], float)
+        return int(rng.generator(self.context.seed, "level", round, client).choice(len(self.levels), p=p / p.sum()))
+
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        return super().select(state, round, [c for c in available if self.level_of(round, c) >= 0])
+
+    def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
+        fed = self.config.federation
+        tasks = []
+        for c in clients:
+            k = self.level_of(round, c)
+            weights = aggregate.extract(state.weights, self.shapes[k])
+            tasks.append(HeteroFLTask(c, round, weights, self.variants[k], fed.local_epochs, fed.batch_size, fed.lr, label_split=self.label_splits[c]))
+        return tasks
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+        """Sec. 3.1: per-entry mean over the clients holding it; classifier rows by label split."""
+        if not results:
+            return state.replace(round=round)
+        masks = None
+        if self.config.algorithm.mask != "none":
+            masks = [{k: self.class_mask(r.client_id) for k in self.classifier} for r in results]
+        weights = aggregate.count_mean(state.weights, [r.weights for r in results], masks)
+        return state.replace(round=round, weights=weights)
+
+    def class_mask(self, client: ClientId) -> np.ndarray:
+        mask = np.zeros(self.context.num_classes, bool)
+        mask[list(self.label_splits[client])] = True
+        return mask
+
+    def calibration_batches(self, round: Round, train: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """sBN: the training data of all (or a seeded share of) clients in batches, shuffled."""
+        g = rng.generator(self.context.seed, "sbn", round)
+        share = self.config.algorithm.sbn_clients
+        clients = np.arange(len(train)) if share >= 1 else g.choice(len(train), max(1, round_share(share, len(train))), replace=False)
+        idx = g.permutation(np.concatenate([train[c] for c in sorted(clients)]))
+        b = self.config.federation.batch_size
+        return [idx[i : i + b] for i in range(0, len(idx), b) if len(idx[i : i + b]) > 1]
+
+    def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
+        """Global (unmasked) accuracy of the global model, `test_accuracy@<level>` of every level's
+        sub-model, and `test_accuracy_local`: the mean over clients of masked accuracy on their own
+        test split (shards) or on the test samples of their classes."""
+        calibrate = None
+        if getattr(self.config.model, "norm", None) == "sbn":
+            calibrate = self.calibration_batches(round, evaluator.train_split)
+        y = evaluator.y
+        out: dict[str, float] = {}
+        for k, (level, variant) in enumerate(zip(self.levels, self.variants)):
+            logits = evaluator.logits(aggregate.extract(state.weights, self.shapes[k]), variant, calibrate)
+            acc = scores(logits, y)
+            if k == 0:
+                out.update(test_accuracy=acc["accuracy"], test_loss=acc["loss"], test_accuracy_local=self.local_accuracy(logits, y))
+            out[f"test_accuracy@{level.name}"] = acc["accuracy"]
+        return out
+
+    def local_accuracy(self, logits: torch.Tensor, y: torch.Tensor) -> float:
+        accs = []
+        for c in range(self.context.num_clients):
+            mask = torch.from_numpy(self.class_mask(c))
+            idx = self.context.test_split[c] if self.context.test_split is not None else np.flatnonzero(mask.numpy()[y.numpy()])
+            if len(idx):
+                masked = masked_logits(logits[idx], mask, self.config.algorithm.mask)
+                accs.append(float((masked.argmax(1) == y[idx]).float().mean()))
+        return float(np.mean(accs)) if accs else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        """Parameters and FLOPs per level, and the model-size ratio of the mix (Table 1's Ratio)."""
+        levels = {}
+        for level, variant in zip(self.levels, self.variants):
+            cost = self.context.cost_of(variant)
+            levels[level.name] = {"rate": level.rate, "params": cost.num_params, "forward_flops": cost.forward_flops, "train_flops": cost.train_flops}
+        total = sum(l.proportion for l in self.levels)
+        mean_params = sum(levels[l.name]["params"] * l.proportion for l in self.levels) / total
+        return {"levels": levels, "mean_params": mean_params, "model_size_ratio": mean_params / levels[self.levels[0].name]["params"]}
+
+
+def round_share(share: float, n: int) -> int:
+    return int(np.ceil(share * n))
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor, fill: str) -> torch.Tensor:
+    """Logits of classes outside the label split set to 0 (public code) or -inf; `none` keeps them."""
+    if fill == "none":
+        return logits
+    return logits.masked_fill(~mask, 0.0 if fill == "zero" else float("-inf"))
+
+
+def _classifier_keys(shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """The last layer's weight and bias: the keys whose rows are classes."""
+    names = [k for k in shapes if k.endswith(".weight") or k.endswith(".bias")]
+    last = names[-1].rsplit(".", 1)[0]
+    return [k for k in names if k.rsplit(".", 1)[0] == last]
+
+
+class HeteroFLClient(FedAvgClient):
+    """Local SGD on the sub-model with the masked cross-entropy of Sec. 3.2."""
+
+    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
+        state = super().init(task, model)
+        mask = torch.zeros(model_classes(model), dtype=torch.bool)
+        mask[list(task.label_split)] = True
+        state.extras = mask
+        return state
+
+    def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(masked_logits(logits, state.extras.to(logits.device), self.config.algorithm.mask), y)
+
+
+def model_classes(model: nn.Module) -> int:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+
+
+HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient))

@@ -1,0 +1,54 @@
+"""Evaluation of model variants on the central test set, with static-BN calibration."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfl.config import ModelConfig
+from rayfl.data import Dataset
+from rayfl.models import ModelCache
+from rayfl.types import Weights
+
+
+class Evaluator:
+    """Test-set predictions of model variants, with HeteroFL's static-BN calibration on request."""
+
+    def __init__(self, dataset: Dataset, train_split: Sequence[np.ndarray], models: ModelCache, batch_size: int):
+        self.x = torch.tensor(dataset.x_test)  # a copy: object-store arrays are read-only
+        self.y = torch.tensor(dataset.y_test)
+        self.x_train = dataset.x_train
+        self.train_split = train_split
+        """Each client's training indices (what static-BN calibration may read)."""
+        self.models = models
+        self.batch_size = batch_size
+
+    def logits(self, weights: Weights, variant: ModelConfig, calibrate: Sequence[np.ndarray] | None = None) -> torch.Tensor:
+        """Logits of the whole test set. With `calibrate` (batches of training indices), batch
+        norm statistics are first recomputed as a cumulative average over those batches (sBN)."""
+        if calibrate is None:
+            model = self.models.load(variant, weights)
+        else:
+            model = self.models.load(variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False)
+            bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+            for bn in bns:
+                bn.momentum = None  # cumulative moving average: every batch weighs the same
+                bn.reset_running_stats()
+            model.train()
+            with torch.no_grad():
+                for idx in calibrate:
+                    model(torch.from_numpy(self.x_train[idx]))
+        model.eval()
+        with torch.no_grad():
+            return torch.cat([model(self.x[i : i + self.batch_size]) for i in range(0, len(self.y), self.batch_size)])
+
+    def __call__(self, weights: Weights, variant: ModelConfig) -> dict[str, float]:
+        """Accuracy and mean cross-entropy of the global model on the central test set."""
+        return scores(self.logits(weights, variant), self.y)
+
+
+def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    return {"accuracy": float((logits.argmax(1) == y).double().mean()), "loss": float(F.cross_entropy(logits, y))}

@@ -1,0 +1,38 @@
+"""Built modules per model variant, reused across tasks; weights are loaded per use."""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayfl.config import ModelConfig
+from rayfl.models.registry import build_model
+from rayfl.types import Weights
+
+
+def to_torch(weights: Weights) -> dict[str, torch.Tensor]:
+    """numpy state -> torch state (copies, so read-only object-store arrays are fine)."""
+    return {k: torch.tensor(np.asarray(v)) for k, v in weights.items()}
+
+
+class ModelCache:
+    """One module per (variant, input shape, classes); weights are loaded per use."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, device: str = "cpu"):
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        self.device = device
+        self._models: dict[Hashable, nn.Module] = {}
+
+    def build(self, variant: ModelConfig) -> nn.Module:
+        return build_model(variant, self.input_shape, self.num_classes)
+
+    def load(self, variant: ModelConfig, weights: Weights, strict: bool = True) -> nn.Module:
+        if variant not in self._models:
+            self._models[variant] = self.build(variant).to(self.device)
+        model = self._models[variant]
+        model.load_state_dict(to_torch(weights), strict=strict)
+        return model
