@@ -99,21 +99,25 @@ def count_mean(
     global_weights: Weights,
     updates: Sequence[Weights],
     row_masks: Sequence[Mapping[str, np.ndarray]] | None = None,
+    client_weights: Sequence[float] | None = None,
 ) -> dict[str, np.ndarray]:
     """HeteroFL's aggregation: each entry is the mean over the clients whose sub-model holds it.
 
     theta_e = sum_m theta_m,e / N_e over the clients m holding entry e, where N_e counts them;
     entries no client holds keep their global value. `row_masks[m]`, when given, restricts named
     tensors (the classifier's weight rows and bias) to the rows marked True for client m: the
-    classes of its label split. No weighting by sample count (public code `fed.py` combine).
+    classes of its label split. HeteroFL does not weight by sample count (public code `fed.py`
+    combine); `client_weights` w_m, when given, make it sum_m w_m theta_m,e / sum_m w_m (FedAvg's
+    weighting over the holders of each entry).
     """
     masks = row_masks or [{} for _ in updates]
+    scale = [1.0] * len(updates) if client_weights is None else [float(w) for w in client_weights]
     out: dict[str, np.ndarray] = {}
     for name, old in global_weights.items():
         old = np.asarray(old)
         acc = np.zeros(old.shape, np.float64)
         cnt = np.zeros(old.shape, np.float64)
-        for upd, mask in zip(updates, masks):
+        for upd, mask, w in zip(updates, masks, scale):
             if name not in upd:
                 continue
             arr = np.asarray(upd[name], np.float64)
@@ -124,8 +128,8 @@ def count_mean(
             if name in mask:
                 rows = np.asarray(mask[name], bool)
                 held &= rows.reshape((-1,) + (1,) * (arr.ndim - 1))[: arr.shape[0]]
-            acc[block] += np.where(held, arr, 0.0)
-            cnt[block] += held
+            acc[block] += np.where(held, w * arr, 0.0)
+            cnt[block] += w * held
         mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
         out[name] = _cast(np.where(cnt > 0, mean, old), old)
     return out

@@ -64,6 +64,7 @@ class HeteroFLConfig(AlgorithmConfig):
     mode: Literal["fix", "dynamic", "capability"] = "dynamic"
     mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
     sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
+    weighting: Literal["count", "samples"] = Field("count", description="count: HeteroFL's plain per-entry mean; samples: FedAvg's n_k weights")
 
     @field_validator("levels")
     @classmethod
@@ -151,7 +152,8 @@ class HeteroFLPolicy(ServerPolicy):
         masks = None
         if self.config.algorithm.mask != "none":
             masks = [{k: self.class_mask(r.client_id) for k in self.classifier} for r in results]
-        weights = aggregate.count_mean(state.weights, [r.weights for r in results], masks)
+        sizes = [r.num_examples for r in results] if self.config.algorithm.weighting == "samples" else None
+        weights = aggregate.count_mean(state.weights, [r.weights for r in results], masks, sizes)
         return state.replace(round=round, weights=weights)
 
     def class_mask(self, client: ClientId) -> np.ndarray:
@@ -243,3 +245,41 @@ def model_classes(model: nn.Module) -> int:
 
 
 HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient))
+
+
+# Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics).
+
+
+class AllLargeConfig(HeteroFLConfig):
+    """FedAvg at full width for every client, ignoring memory budgets."""
+
+    name: str = "alllarge"
+    levels: Literal["a1"] = "a1"
+    mode: Literal["fix"] = "fix"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+class AllSmallConfig(HeteroFLConfig):
+    """FedAvg with every client at one small level (default e = 1/16), so every device fits."""
+
+    name: str = "allsmall"
+    levels: str = Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")
+    mode: Literal["fix"] = "fix"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+class ExclusiveFLConfig(HeteroFLConfig):
+    """FedAvg at full width among only the clients whose memory fits the full model."""
+
+    name: str = "exclusivefl"
+    levels: Literal["a1"] = "a1"
+    mode: Literal["capability"] = "capability"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+for _cfg, _summary in (
+    (AllLargeConfig, "AllLarge: FedAvg at full width on every client (HeteroFL baseline)"),
+    (AllSmallConfig, "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)"),
+    (ExclusiveFLConfig, "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)"),
+):
+    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, HeteroFLPolicy, HeteroFLClient))

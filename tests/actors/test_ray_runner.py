@@ -67,3 +67,12 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     ref_metrics, _ = tables(reference)
     pd.testing.assert_frame_equal(metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]), ref_metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]))
     assert metrics["virtual_time_s"].tolist() == pytest.approx(ref_metrics["virtual_time_s"].tolist())
+
+
+def test_heterofl_on_ray_equals_in_process(ray_cluster, tmp_path):
+    cfg = load_config(None, ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2", "ray.num_actors=2"])
+    run_local(cfg, tmp_path / "local")
+    api.run(cfg, tmp_path / "ray")
+    for a, b in zip(tables(tmp_path / "local"), tables(tmp_path / "ray")):
+        pd.testing.assert_frame_equal(a, b)
+    assert "test_accuracy@c" in tables(tmp_path / "ray")[0].columns

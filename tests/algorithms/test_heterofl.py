@@ -1,0 +1,169 @@
+"""HeteroFL: slicing, per-entry aggregation, PreResNet alignment, Table 1 counts, levels, masking."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rayfl.algorithms.aggregate import AggregationError, count_mean, extract
+from rayfl.algorithms.base import FederationContext
+from rayfl.algorithms.heterofl import (
+    HeteroFLPolicy,
+    assign_capability,
+    assign_fix,
+    masked_logits,
+    parse_levels,
+)
+from rayfl.config import ConfigError, parse_config
+from rayfl.devices import CostCache
+from rayfl.models import build_model
+from rayfl.models.preresnet import PreResNetConfig
+from rayfl.runner import run_local
+
+
+def test_count_mean_overlaps_and_untouched_entries():
+    glob = {"w": np.full((3, 3), 9.0, np.float32)}
+    a = {"w": np.ones((2, 2), np.float32)}  # a narrow client: the top-left 2x2 block
+    b = {"w": np.full((2, 3), 3.0, np.float32)}  # a wider one: two full rows
+    out = count_mean(glob, [a, b])["w"]
+    # overlap (both hold it): (1 + 3) / 2 = 2; only b: 3; nobody: keeps 9
+    assert out.tolist() == [[2, 2, 3], [2, 2, 3], [9, 9, 9]]
+    weighted = count_mean(glob, [a, b], client_weights=[1, 3])["w"]
+    assert weighted[0, 0] == pytest.approx((1 * 1 + 3 * 3) / 4) and weighted[0, 2] == 3 and weighted[2, 0] == 9
+
+
+def test_count_mean_counts_classifier_rows_by_label_split():
+    glob = {"fc.weight": np.full((4, 2), 9.0), "fc.bias": np.full(4, 9.0)}
+    a = {"fc.weight": np.ones((4, 2)), "fc.bias": np.ones(4)}
+    b = {"fc.weight": np.full((4, 2), 5.0), "fc.bias": np.full(4, 5.0)}
+    masks = [
+        {"fc.weight": np.array([1, 0, 1, 0], bool), "fc.bias": np.array([1, 0, 1, 0], bool)},  # a owns classes 0, 2
+        {"fc.weight": np.array([1, 1, 0, 0], bool), "fc.bias": np.array([1, 1, 0, 0], bool)},  # b owns classes 0, 1
+    ]
+    out = count_mean(glob, [a, b], masks)
+    # class 0: both -> 3; class 1: only b -> 5; class 2: only a -> 1; class 3: nobody -> 9
+    assert out["fc.bias"].tolist() == [3, 5, 1, 9]
+    assert out["fc.weight"][:, 0].tolist() == [3, 5, 1, 9]
+
+
+def test_extract_takes_leading_blocks_and_rejects_bigger_shapes():
+    glob = {"w": np.arange(12.0).reshape(3, 4)}
+    assert extract(glob, {"w": (2, 2)})["w"].tolist() == [[0, 1], [4, 5]]
+    with pytest.raises(AggregationError, match="w: sub-model shape"):
+        extract(glob, {"w": (4, 1)})
+
+
+def test_preresnet_sub_model_is_aligned_through_blocks_and_shortcuts():
+    torch.manual_seed(0)
+    big = build_model(PreResNetConfig(rate=1.0, norm="none"), (3, 8, 8), 10).eval()
+    small = build_model(PreResNetConfig(rate=0.5, norm="none"), (3, 8, 8), 10).eval()
+    shapes = {k: tuple(v.shape) for k, v in small.state_dict().items()}
+    # The stage-2 shortcut maps the block input (stage 1: 32 channels at rate 1/2) to 64 outputs.
+    assert shapes["layers.2.shortcut.weight"] == (64, 32, 1, 1)
+    glob = {k: v.numpy() for k, v in big.state_dict().items()}
+    sub = extract(glob, shapes)
+    # Zero every global entry outside the sub-model: the extra channels then carry exact zeros, so the
+    # wide network computes exactly what the sub-model computes iff the index sets line up layer by layer.
+    zeroed = {}
+    for k, v in glob.items():
+        z = np.zeros_like(v)
+        z[tuple(slice(0, n) for n in shapes[k])] = sub[k]
+        zeroed[k] = torch.from_numpy(z)
+    big.load_state_dict(zeroed)
+    small.load_state_dict({k: torch.from_numpy(v) for k, v in sub.items()})
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(big(x), small(x), rtol=1e-5, atol=1e-5)
+
+
+def context(input_shape, num_clients=10, memory=None, hist=None):
+    costs = CostCache()
+    return FederationContext(
+        seed=0,
+        num_clients=num_clients,
+        num_classes=10,
+        input_shape=input_shape,
+        num_examples=np.full(num_clients, 10),
+        label_histogram=np.ones((num_clients, 10)) if hist is None else hist,
+        param_names=frozenset(),
+        memory_bytes=np.full(num_clients, 2.0**40) if memory is None else memory,
+        test_split=None,
+        cost_of=lambda v: costs.get(v, lambda: build_model(v, input_shape, 10), input_shape),
+    )
+
+
+def test_cnn_counts_match_table_1():
+    # HeteroFL Table 1 (MNIST CNN, 28x28): parameters (printed as 1.6 M, 391 K, 99 K, 25 K, 7 K, so
+    # "within rounding" is half the last printed digit), FLOPs per level, and the Ratio of mixes.
+    table = {"a": (1.6e6, 0.05e6, 80.5e6), "b": (391e3, 500, 20.5e6), "c": (99e3, 500, 5.3e6), "d": (25e3, 500, 1.4e6), "e": (7e3, 500, 400e3)}
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-b1-c1-d1-e1"}, "model": {"name": "cnn", "norm": "sbn"}})
+    summary = HeteroFLPolicy(cfg, context((1, 28, 28))).summary()
+    for name, (params, rounding, flops) in table.items():
+        got = summary["levels"][name]
+        assert abs(got["params"] - params) <= rounding, (name, got["params"])
+        assert abs(got["forward_flops"] - flops) / flops < 0.10, (name, got["forward_flops"])
+    assert round(summary["model_size_ratio"], 2) == 0.27 and abs(summary["mean_params"] - 416e3) < 500
+    a_e = HeteroFLPolicy(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"levels": "a1-e1"})}), context((1, 28, 28))).summary()
+    assert round(a_e["model_size_ratio"], 2) == 0.50 and abs(a_e["mean_params"] - 782e3) < 500
+
+
+def test_fix_and_capability_assignment():
+    assert assign_fix(parse_levels("a2-b8"), 100).tolist() == [0] * 20 + [1] * 80
+    assert assign_fix(parse_levels("a1-e1"), 5).tolist() == [0, 0, 1, 1, 1]  # the remainder gets the last
+    levels = parse_levels("a1-b1-e1")
+    assert assign_capability(levels, [100, 30, 5], np.array([200, 50, 10, 1])).tolist() == [0, 1, 2, -1]
+
+
+def test_dynamic_levels_are_redrawn_each_round_in_proportion():
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-e3", "mode": "dynamic"}, "model": {"name": "mlp"}})
+    policy = HeteroFLPolicy(cfg, context((64,), num_clients=50))
+    draws = np.array([[policy.level_of(r, c) for c in range(50)] for r in range(1, 41)])
+    assert abs((draws == 1).mean() - 0.75) < 0.05
+    assert (draws[0] != draws[1]).any() and policy.level_of(3, 7) == draws[2, 7]
+
+
+def test_capability_mode_gives_the_widest_level_that_fits_memory():
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-b1-e1", "mode": "capability"}, "model": {"name": "mlp", "hidden": [256, 256]}})
+    ctx = context((64,), num_clients=3, memory=np.array([2.0**30, 0.0, 1.0]))
+    need_e = ctx.cost_of(cfg.model.model_copy(update={"rate": 0.0625, "scaler": 0.0625})).training_memory(10, 0)
+    ctx = context((64,), num_clients=3, memory=np.array([2.0**30, need_e, need_e - 1]))
+    policy = HeteroFLPolicy(cfg, ctx)
+    assert [policy.level_of(1, c) for c in range(3)] == [0, 2, -1]
+    assert policy.select(policy.init_state({}), 1, [0, 1, 2]) == [0, 1]
+    with pytest.raises(ConfigError, match="no client's memory budget fits"):
+        HeteroFLPolicy(cfg, context((64,), num_clients=3, memory=np.zeros(3)))
+
+
+def test_masked_cross_entropy_fills_absent_classes():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    mask = torch.tensor([True, False, True])
+    y = torch.tensor([0])
+    zero = F.cross_entropy(masked_logits(logits, mask, "zero"), y)
+    assert float(zero) == pytest.approx(-1 + math.log(math.exp(1) + math.exp(0) + math.exp(3)))
+    inf = F.cross_entropy(masked_logits(logits, mask, "-inf"), y)
+    assert float(inf) == pytest.approx(-1 + math.log(math.exp(1) + math.exp(3)))
+    assert torch.equal(masked_logits(logits, mask, "none"), logits)
+
+
+def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
+    cfg = parse_config({
+        "algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"},
+        "model": {"name": "cnn", "norm": "sbn"},
+        "data": {"partition": {"kind": "shards", "classes_per_client": 2}},
+        "federation": {"rounds": 3, "grad_clip": 1.0},
+        "devices": {"profile": "uniform"},
+    })
+    summary = run_local(cfg, tmp_path)
+    clients = pd.read_parquet(tmp_path / "clients.parquet")
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert set(clients["model_rate"]) == {1.0, 0.0625}
+    wide, narrow = (clients[clients.model_rate == r] for r in (1.0, 0.0625))
+    per_sample = lambda df: (df.flops / df.num_samples).iloc[0]  # noqa: E731
+    assert per_sample(narrow) < per_sample(wide) / 50 and narrow.bytes_down.max() < wide.bytes_down.min() / 50
+    assert {"test_accuracy@a", "test_accuracy@e", "test_accuracy_local"} <= set(metrics.columns)
+    assert summary["levels"]["e"]["params"] < summary["levels"]["a"]["params"] / 100
+    # Clients own at most 2 classes: masked local accuracy beats the unmasked global one.
+    assert metrics["test_accuracy_local"].iloc[-1] > metrics["test_accuracy"].iloc[-1]
