@@ -6,14 +6,21 @@ import pytest
 import yaml
 
 from rayfl.config import load_config
+from rayfl.devices import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
-def test_example_configs_validate(path):
+PROFILES = {"phones.yaml"}
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name not in PROFILES), ids=lambda p: p.name)
+def test_example_configs_validate(path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # example paths are relative to the repository root
     cfg = load_config(path)
     assert cfg.federation.rounds >= 1
+    if cfg.devices.profile.endswith(".yaml"):
+        assert load_profile(cfg.devices.profile).classes
 
 
 def test_cluster_manifests_parse():

@@ -165,7 +165,7 @@ class HeteroFLPolicy(ServerPolicy):
         """sBN: the training data of all (or a seeded share of) clients in batches, shuffled."""
         g = rng.generator(self.context.seed, "sbn", round)
         share = self.config.algorithm.sbn_clients
-        clients = np.arange(len(train)) if share >= 1 else g.choice(len(train), max(1, round_share(share, len(train))), replace=False)
+        clients = np.arange(len(train)) if share >= 1 else g.choice(len(train), max(1, int(np.ceil(share * len(train)))), replace=False)
         idx = g.permutation(np.concatenate([train[c] for c in sorted(clients)]))
         b = self.config.federation.batch_size
         return [idx[i : i + b] for i in range(0, len(idx), b) if len(idx[i : i + b]) > 1]
@@ -204,12 +204,13 @@ class HeteroFLPolicy(ServerPolicy):
             cost = self.context.cost_of(variant)
             levels[level.name] = {"rate": level.rate, "params": cost.num_params, "forward_flops": cost.forward_flops, "train_flops": cost.train_flops}
         total = sum(l.proportion for l in self.levels)
-        mean_params = sum(levels[l.name]["params"] * l.proportion for l in self.levels) / total
-        return {"levels": levels, "mean_params": mean_params, "model_size_ratio": mean_params / levels[self.levels[0].name]["params"]}
-
-
-def round_share(share: float, n: int) -> int:
-    return int(np.ceil(share * n))
+        mean = lambda key: sum(levels[l.name][key] * l.proportion for l in self.levels) / total  # noqa: E731
+        return {
+            "levels": levels,
+            "mean_params": mean("params"),
+            "mean_forward_flops": mean("forward_flops"),
+            "model_size_ratio": mean("params") / levels[self.levels[0].name]["params"],
+        }
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor, fill: str) -> torch.Tensor:

@@ -106,6 +106,7 @@ def test_cnn_counts_match_table_1():
         assert abs(got["params"] - params) <= rounding, (name, got["params"])
         assert abs(got["forward_flops"] - flops) / flops < 0.10, (name, got["forward_flops"])
     assert round(summary["model_size_ratio"], 2) == 0.27 and abs(summary["mean_params"] - 416e3) < 500
+    assert abs(summary["mean_forward_flops"] - 21.6e6) / 21.6e6 < 0.10  # Table 1: a-b-c-d-e 21.6 M FLOPs
     a_e = HeteroFLPolicy(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"levels": "a1-e1"})}), context((1, 28, 28))).summary()
     assert round(a_e["model_size_ratio"], 2) == 0.50 and abs(a_e["mean_params"] - 782e3) < 500
 
@@ -167,3 +168,16 @@ def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
     assert summary["levels"]["e"]["params"] < summary["levels"]["a"]["params"] / 100
     # Clients own at most 2 classes: masked local accuracy beats the unmasked global one.
     assert metrics["test_accuracy_local"].iloc[-1] > metrics["test_accuracy"].iloc[-1]
+
+
+def test_sbn_calibration_can_use_a_sample_of_clients():
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "sbn_clients": 0.25}, "model": {"name": "mlp"}, "federation": {"batch_size": 4}})
+    policy = HeteroFLPolicy(cfg, context((64,), num_clients=8))
+    train = [np.arange(10 * c, 10 * c + 10) for c in range(8)]
+    batches = policy.calibration_batches(3, train)
+    used = np.concatenate(batches)
+    owners = set(used // 10)
+    assert len(owners) == 2 and len(used) == 20  # a quarter of 8 clients, all their samples
+    assert all(len(b) > 1 for b in batches)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, policy.calibration_batches(3, train)))  # seeded by round
+    assert len(np.concatenate(HeteroFLPolicy(parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp"}}), context((64,), num_clients=8)).calibration_batches(3, train))) == 80
