@@ -1,0 +1,63 @@
+"""MergeSFL's control module: Eq. 5-14 on small hand-computed instances; the GA against brute force."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rayfl.algorithms.mergesfl import control as mc
+
+
+def test_moving_average_eq5_6():
+    assert mc.moving_average(np.array([1.0, 2.0]), np.array([2.0, 0.0]), alpha=0.8).tolist() == pytest.approx([1.2, 1.6])
+    assert mc.moving_average(None, np.array([3.0])).tolist() == [3.0]
+
+
+def test_durations_and_average_waiting_eq7_8():
+    t = mc.durations(2, np.array([4, 2]), np.array([0.1, 0.3]), np.array([0.1, 0.1]))
+    assert t.tolist() == pytest.approx([1.6, 1.6])  # regulated sizes align the durations
+    assert mc.average_waiting(np.array([1.0, 3.0, 2.0])) == pytest.approx(1.0)  # (2 + 0 + 1) / 3
+
+
+def test_batch_size_regulation_eq9():
+    # per-sample times 0.2, 0.4, 0.3, 1.0; the fastest gets D = 32, the others floor(32 * 0.2 / t_i)
+    d = mc.regulate_batch_sizes(np.array([0.1, 0.3, 0.2, 0.9]), np.array([0.1, 0.1, 0.1, 0.1]), 32)
+    assert d.tolist() == [32, 16, 21, 6]
+    assert mc.regulate_batch_sizes(np.array([0.001, 10.0]), np.zeros(2), 4).tolist() == [4, 1]  # at least one sample
+
+
+def test_bandwidth_constraint_eq10():
+    d = np.array([32, 16, 21, 6])
+    sel = np.array([True, False, True, False])
+    assert mc.within_bandwidth(d, sel, c=2.0, budget=106.0)
+    assert not mc.within_bandwidth(d, sel, c=2.0, budget=105.0)
+
+
+def test_merged_distribution_and_kl_eq11_12():
+    phi = mc.merged_distribution(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([3, 1]), np.array([True, True]))
+    assert phi.tolist() == pytest.approx([0.75, 0.25])
+    expected = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert mc.kl(phi, np.array([0.5, 0.5])) == pytest.approx(expected)
+    assert mc.kl(np.array([1.0, 0.0]), np.array([0.5, 0.5])) == pytest.approx(math.log(2))  # 0 log 0 = 0
+
+
+def test_priority_eq13():
+    assert mc.priority(np.array([0, 1, 3])).tolist() == pytest.approx([7.0, 3.5, 1.75])
+
+
+def test_finetune_reaches_epsilon_and_leaves_good_sets_alone():
+    V = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    phi_0 = np.array([0.5, 0.5])
+    d = np.array([30, 10, 8])
+    tuned = mc.finetune_batch_sizes(V, d, np.ones(3), phi_0, epsilon=0.005, max_batch=32)
+    assert mc.kl(mc.merged_distribution(V, tuned, np.ones(3, bool)), phi_0) <= 0.006
+    assert np.abs(tuned - d).sum() < np.abs(np.array([10, 10, 8]) - d).sum() + 1  # no more change than balancing needs
+    balanced = np.array([10, 10, 8])
+    assert mc.finetune_batch_sizes(V, balanced, np.ones(3), phi_0, 0.005, 32).tolist() == balanced.tolist()
+
+
+def test_fill_bandwidth_scales_proportionally_within_budget():
+    assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=12.0, max_batch=64).tolist() == [8, 4]
+    assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=13.0, max_batch=64).tolist() == [8, 4]
+    assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=1000.0, max_batch=16).tolist() == [16, 16]
+    assert mc.fill_bandwidth(np.array([8, 8]), c=2.0, budget=8.0, max_batch=64).tolist() == [2, 2]
