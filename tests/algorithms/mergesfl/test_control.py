@@ -1,5 +1,6 @@
 """MergeSFL's control module: Eq. 5-14 on small hand-computed instances; the GA against brute force."""
 
+import itertools
 import math
 
 import numpy as np
@@ -43,6 +44,44 @@ def test_merged_distribution_and_kl_eq11_12():
 
 def test_priority_eq13():
     assert mc.priority(np.array([0, 1, 3])).tolist() == pytest.approx([7.0, 3.5, 1.75])
+
+
+def brute_force(V, d, phi_0, c, budget):
+    """The exact optimum over all 2^N - 1 non-empty worker sets."""
+    sets = np.array(list(itertools.product([False, True], repeat=len(d))))[1:]
+    kls, load = mc.kl_of_sets(sets, V, d, phi_0)
+    return kls[load * c <= budget].min()
+
+
+def test_vectorised_kl_matches_eq11_12():
+    g = np.random.default_rng(0)
+    V, d = g.dirichlet(np.ones(4), size=5), g.integers(1, 9, size=5).astype(float)
+    sets = g.random((6, 5)) < 0.5
+    sets[:, 0] = True
+    kls, load = mc.kl_of_sets(sets, V, d, V.mean(0))
+    for row, k, l in zip(sets, kls, load):
+        assert k == pytest.approx(mc.kl(mc.merged_distribution(V, d, row), V.mean(0)))
+        assert l == d[row].sum()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ga_is_within_5_percent_of_brute_force_on_16_workers(seed):
+    g = np.random.default_rng(seed)
+    n, classes = 16, 10
+    V = g.dirichlet(np.full(classes, 0.1), size=n)  # strongly non-IID workers (p = 10)
+    d = g.integers(4, 33, size=n).astype(float)
+    phi_0 = V.mean(0)
+    c, budget = 1.0, 0.4 * d.sum()
+    best = brute_force(V, d, phi_0, c, budget)
+    chosen = mc.genetic_select(V, d, phi_0, mc.priority(np.zeros(n)), c, budget, np.random.default_rng(100 + seed))
+    assert mc.within_bandwidth(d, chosen, c, budget)
+    got = mc.kl(mc.merged_distribution(V, d, chosen), phi_0)
+    assert got <= 1.05 * best, (got, best)
+
+
+def test_ga_returns_no_worker_when_nothing_fits():
+    V, d = np.eye(3), np.array([5.0, 6.0, 7.0])
+    assert not mc.genetic_select(V, d, V.mean(0), np.ones(3), 1.0, 4.0, np.random.default_rng(0)).any()
 
 
 def test_finetune_reaches_epsilon_and_leaves_good_sets_alone():
