@@ -1,0 +1,73 @@
+"""Split-learning steps: the merged gradient is each worker's own mean-loss gradient; SFL per-worker steps."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rayfl.algorithms.mergesfl.training import bottom_step, merged_step, split_model, unmerged_steps
+
+
+def test_split_model_cuts_a_sequential():
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    bottom, top = split_model(model, 2)
+    x = torch.randn(5, 4)
+    assert torch.equal(top(bottom(x)), model(x)) and len(bottom) == 2 and len(top) == 1
+    with pytest.raises(ValueError, match="model.split_layer: 3 is outside 1..2"):
+        split_model(model, 3)
+
+
+def test_merged_gradients_are_each_workers_own_mean_loss_gradient():
+    torch.manual_seed(0)
+    top = nn.Linear(3, 4)
+    feats = [torch.randn(2, 3), torch.randn(6, 3)]  # d_1 = 2, d_2 = 6, D = 8
+    labels = [torch.tensor([0, 1]), torch.tensor([2, 3, 0, 1, 2, 3])]
+    # Before the step: the gradient of worker i's own mean loss w.r.t. its features.
+    expected = []
+    for f, y in zip(feats, labels):
+        x = f.clone().requires_grad_(True)
+        F.cross_entropy(top(x), y).backward()
+        expected.append(x.grad)
+    # By hand: one SGD step on the mean loss over all D = 8 merged samples.
+    twin = nn.Linear(3, 4)
+    twin.load_state_dict(top.state_dict())
+    ref_loss = F.cross_entropy(twin(torch.cat(feats)), torch.cat(labels))
+    ref_loss.backward()
+    with torch.no_grad():
+        want_w = twin.weight - 0.1 * twin.weight.grad
+    loss, grads = merged_step(top, torch.optim.SGD(top.parameters(), lr=0.1), feats, labels)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)  # rescaled by D / d_i: 4x and 4/3x the merged pieces
+    assert loss == pytest.approx(float(ref_loss.detach()))
+    torch.testing.assert_close(top.weight.detach(), want_w)
+
+
+def test_unmerged_steps_update_the_top_once_per_worker_in_order():
+    torch.manual_seed(1)
+    top = nn.Linear(3, 2, bias=False)
+    twin = nn.Linear(3, 2, bias=False)
+    twin.load_state_dict(top.state_dict())
+    feats = [torch.randn(3, 3), torch.randn(4, 3)]
+    labels = [torch.tensor([0, 1, 0]), torch.tensor([1, 1, 0, 1])]
+    loss, grads = unmerged_steps(top, torch.optim.SGD(top.parameters(), lr=0.5), feats, labels)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.5)
+    losses = []
+    for f, y in zip(feats, labels):  # by hand: two sequential SGD steps
+        opt.zero_grad()
+        l = F.cross_entropy(twin(f), y)
+        l.backward()
+        opt.step()
+        losses.append(float(l))
+    torch.testing.assert_close(top.weight, twin.weight)
+    assert loss == pytest.approx(sum(losses) / 2) and [g.shape for g in grads] == [(3, 3), (4, 3)]
+
+
+def test_bottom_step_applies_the_feature_gradient():
+    bottom = nn.Linear(2, 3, bias=False)
+    w0 = bottom.weight.detach().clone()
+    x = torch.tensor([[1.0, 2.0]])
+    out = bottom(x)
+    grad = torch.tensor([[1.0, 0.0, -1.0]])
+    bottom_step(torch.optim.SGD(bottom.parameters(), lr=0.1), out, grad)
+    # d out / d W = grad^T x: W <- W - 0.1 * grad^T x
+    torch.testing.assert_close(bottom.weight, w0 - 0.1 * grad.T @ x)
