@@ -198,13 +198,15 @@ class HeteroFLPolicy(ServerPolicy):
         return float(np.mean(accs)) if accs else float("nan")
 
     def summary(self) -> dict[str, Any]:
-        """Parameters and FLOPs per level, and the model-size ratio of the mix (Table 1's Ratio)."""
+        """Parameters and FLOPs per level, and the mean model size relative to the global model
+        (Table 1's Ratio) over the mix's proportions, or over the clients dealt each level."""
         levels = {}
         for level, variant in zip(self.levels, self.variants):
             cost = self.context.cost_of(variant)
             levels[level.name] = {"rate": level.rate, "params": cost.num_params, "forward_flops": cost.forward_flops, "train_flops": cost.train_flops}
-        total = sum(l.proportion for l in self.levels)
-        mean = lambda key: sum(levels[l.name][key] * l.proportion for l in self.levels) / total  # noqa: E731
+        # Weights: the mix's proportions (dynamic), or the clients actually dealt each level.
+        share = [l.proportion for l in self.levels] if self.fixed is None else [int((self.fixed == k).sum()) for k in range(len(self.levels))]
+        mean = lambda key: sum(levels[l.name][key] * w for l, w in zip(self.levels, share)) / sum(share)  # noqa: E731
         return {
             "levels": levels,
             "mean_params": mean("params"),

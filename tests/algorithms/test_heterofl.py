@@ -181,3 +181,10 @@ def test_sbn_calibration_can_use_a_sample_of_clients():
     assert all(len(b) > 1 for b in batches)
     assert all(np.array_equal(a, b) for a, b in zip(batches, policy.calibration_batches(3, train)))  # seeded by round
     assert len(np.concatenate(HeteroFLPolicy(parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp"}}), context((64,), num_clients=8)).calibration_batches(3, train))) == 80
+
+
+def test_size_ratio_follows_the_clients_actually_dealt_each_level():
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"}, "model": {"name": "cnn", "norm": "sbn"}})
+    summary = HeteroFLPolicy(cfg, context((1, 28, 28), num_clients=5)).summary()  # fix deals a, a, e, e, e
+    a, e = summary["levels"]["a"]["params"], summary["levels"]["e"]["params"]
+    assert summary["mean_params"] == pytest.approx((2 * a + 3 * e) / 5)
