@@ -1,6 +1,6 @@
 """Model families with width rate as a first-class argument (see `registry`)."""
 
-from rayfl.models import cnn, cnn1d, cnn2, mlp, preresnet  # noqa: F401  (registration)
+from rayfl.models import cnn, cnn1d, cnn2, mlp, preresnet, split_nets  # noqa: F401  (registration)
 from rayfl.models.cache import ModelCache, to_torch
 from rayfl.models.registry import build_model, config_class, families
 

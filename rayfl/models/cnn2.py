@@ -1,18 +1,20 @@
 """FedAvg's CNN (McMahan et al., AISTATS 2017, Sec. 3): two 5x5 conv layers (32, 64 channels),
 each followed by 2x2 max-pooling, a 512-unit fully connected layer and a linear classifier.
 Convolutions keep the spatial size ("same" padding), so it fits 8x8 digits as well as 28x28 MNIST.
+For split learning it cuts after its two convolutions by default (`split_layer: 2`).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from rayfl.models.layers import WidthConfig, require_input, scaled
+from rayfl.models.layers import SplitConfig, WidthConfig, require_input, scaled
 from rayfl.models.registry import register
 
 
-class Cnn2Config(WidthConfig):
+class Cnn2Config(WidthConfig, SplitConfig):
     name: str = "cnn2"
+    split_layer: int = 2
 
 
 @register("cnn2", Cnn2Config, "FedAvg's CNN: 2 conv(5x5) [32,64]*rate + pool, fc 512*rate, image input (C,H,W)")

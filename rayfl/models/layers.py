@@ -77,3 +77,30 @@ def make_norm(kind: Norm, channels: int, dims: int) -> nn.Module:
 def scaled(width: int, rate: float) -> int:
     """The hidden width of a sub-model: ceil(rate * width), at least 1 (HeteroFL Sec. 3.1)."""
     return max(1, math.ceil(rate * width))
+
+
+WEIGHT_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Linear)
+
+
+class SplitConfig(ModelConfig):
+    """A family that can be cut into a bottom (worker) and a top (server) model for split learning."""
+
+    split_layer: int = Field(1, ge=1, description="cut after this many weight layers (bottom on the worker)")
+
+
+def split_index(model: nn.Sequential, k: int) -> int:
+    """The position in `model` where the bottom ends: after the k-th weight layer and the
+    modules that follow it up to the next weight layer, minus trailing dropout/flatten."""
+    weights = [i for i, m in enumerate(model) if isinstance(m, WEIGHT_LAYERS)]
+    if not 1 <= k < len(weights):
+        raise ConfigError(f"model.split_layer: {k} is outside 1..{len(weights) - 1} for this model")
+    end = weights[k]
+    while end > weights[k - 1] + 1 and isinstance(model[end - 1], (nn.Dropout, nn.Flatten)):
+        end -= 1
+    return end
+
+
+def split(model: nn.Sequential, k: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """(bottom, top) of a model cut after its k-th weight layer (modules are shared)."""
+    i = split_index(model, k)
+    return model[:i], model[i:]

@@ -1,7 +1,7 @@
 """Split learning's per-iteration exchange, as functions both runners call.
 
 A model is cut at a split point into a bottom (on the worker) and a top (on the parameter
-server). Per iteration each worker i forwards a batch of d_i samples through its bottom model
+server) by `rayfl.models.layers.split`. Per iteration each worker i forwards a batch of d_i samples through its bottom model
 and sends the features; the server either merges all features into one sequence and takes
 one top-model step on it (MergeSFL, Sec. IV-C "feature merging"), or takes one top step per
 worker on its own features (typical SFL: SplitFed / LocFedMix-SL style); each worker gets the
@@ -15,13 +15,6 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-def split_model(model: nn.Sequential, split: int) -> tuple[nn.Sequential, nn.Sequential]:
-    """(bottom, top): the first `split` layers and the rest, sharing the original modules."""
-    if not 0 < split < len(model):
-        raise ValueError(f"model.split_layer: {split} is outside 1..{len(model) - 1}")
-    return model[:split], model[split:]
 
 
 def merged_step(

@@ -5,16 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rayfl.algorithms.mergesfl.training import bottom_step, merged_step, split_model, unmerged_steps
-
-
-def test_split_model_cuts_a_sequential():
-    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-    bottom, top = split_model(model, 2)
-    x = torch.randn(5, 4)
-    assert torch.equal(top(bottom(x)), model(x)) and len(bottom) == 2 and len(top) == 1
-    with pytest.raises(ValueError, match="model.split_layer: 3 is outside 1..2"):
-        split_model(model, 3)
+from rayfl.algorithms.mergesfl.training import bottom_step, merged_step, unmerged_steps
 
 
 def test_merged_gradients_are_each_workers_own_mean_loss_gradient():
