@@ -16,6 +16,7 @@ from torch import nn
 from rayfl.models.layers import SplitConfig, require_input
 from rayfl.models.registry import register
 
+
 class AlexNetConfig(SplitConfig):
     name: str = "alexnet"
     split_layer: int = 5
@@ -72,7 +73,7 @@ class CnnHConfig(SplitConfig):
 @register("cnn_h", CnnHConfig, "CNN-H for HAR (MergeSFL): 3 conv(5x5) + 2 FC, split after layer 3")
 def build_cnn_h(config: CnnHConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn_h", input_shape, 3, "image-like (C, H, W)")
-    c, h, w = input_shape
+    c = input_shape[0]
     return nn.Sequential(
         nn.Conv2d(c, 12, 5, padding=2), nn.ReLU(inplace=True),
         nn.Conv2d(12, 32, 5, padding=2), nn.ReLU(inplace=True),
