@@ -12,9 +12,12 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import ray
+import torch
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.split import SplitTask
 from rayfl.config import RunConfig
 from rayfl.types import Weights
 
@@ -37,8 +40,6 @@ class ClientActor:
     """Runs client tasks for one federation; created with explicit `num_cpus` / `num_gpus`."""
 
     def __init__(self, config: RunConfig, dataset: Any, train_indices: list, threads: int, gpu_fraction: float):
-        import torch
-
         from rayfl.client import ClientRunner
 
         torch.set_num_threads(threads)
@@ -48,15 +49,30 @@ class ClientActor:
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
         self.device = device
         self.runner = ClientRunner(config, dataset.x_train, dataset.y_train, train_indices, dataset.num_classes, device)
+        self.sessions: dict[int, Any] = {}
 
     def run(self, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
         """Train one task; the round's weights arrive as a separate (shared, zero-copy) argument."""
         return self.runner.run(dataclasses.replace(task, weights=weights))
 
+    # Split learning: a worker's bottom model stays on this actor for the round.
+
+    def split_open(self, task: SplitTask, weights: Weights) -> None:
+        self.sessions[task.client_id] = self.runner.open_split(dataclasses.replace(task, weights=weights))
+
+    def split_forward(self, client_id: int) -> tuple[np.ndarray, np.ndarray]:
+        features, labels = self.sessions[client_id].forward()
+        return features.cpu().numpy(), labels.cpu().numpy()
+
+    def split_backward(self, client_id: int, grad: np.ndarray, loss: float) -> None:
+        session = self.sessions[client_id]
+        session.backward(torch.from_numpy(np.array(grad)).to(self.device), loss)
+
+    def split_close(self, client_id: int) -> ClientResult:
+        return self.sessions.pop(client_id).close()
+
     def info(self) -> dict[str, Any]:
         import os
-
-        import torch
 
         ctx = ray.get_runtime_context()
         return {

@@ -14,11 +14,14 @@ import math
 from collections import deque
 from typing import Mapping, Sequence
 
+import numpy as np
 import ray
+import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
+from rayfl.split import SplitTask, TopServer
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
@@ -88,4 +91,31 @@ class RayExecutor:
                 idle.append(actor)
                 out.append(ClientFailure(task.client_id, task.round, f"{type(exc.cause).__name__}: {exc.cause}"))
         return out
+
+    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
+        """Split learning with every worker pinned to one actor for the round (round-robin in task
+        order): per iteration all bottom forwards run in parallel across actors, the server steps,
+        and the gradients go back; an actor runs its calls in order, so the next forward waits for
+        the backward. A dying actor fails the round's split exchange (no retry mid-round)."""
+        if not tasks:
+            return []
+        home = {t.client_id: self.actors[i % len(self.actors)] for i, t in enumerate(tasks)}
+        refs: dict[int, ray.ObjectRef] = {}
+        opened = []
+        for t in tasks:
+            key = id(t.weights)
+            if key not in refs:
+                refs[key] = ray.put(dict(t.weights))
+            opened.append(home[t.client_id].split_open.remote(dataclasses.replace(t, weights={}), refs[key]))
+        pending = opened
+        for _ in range(tasks[0].tau):
+            forwards = [home[t.client_id].split_forward.remote(t.client_id) for t in tasks]
+            ray.get(pending)  # surfaces a failed backward; the forwards already queue behind them
+            outs = ray.get(forwards)
+            features = [torch.from_numpy(np.array(f)) for f, _ in outs]
+            labels = [torch.from_numpy(np.array(y)) for _, y in outs]
+            losses, grads = server.step(features, labels)
+            pending = [home[t.client_id].split_backward.remote(t.client_id, g.numpy(), loss) for t, g, loss in zip(tasks, grads, losses)]
+        ray.get(pending)
+        return ray.get([home[t.client_id].split_close.remote(t.client_id) for t in tasks])
 

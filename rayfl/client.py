@@ -20,7 +20,9 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
 from rayfl.config import RunConfig
 from rayfl.devices.cost import nbytes
-from rayfl.models import ModelCache
+from rayfl.models import ModelCache, to_torch
+from rayfl.models.layers import split
+from rayfl.split import SplitSession, SplitTask
 from rayfl.types import Weights
 
 TORCH_THREADS = 1
@@ -60,6 +62,16 @@ class ClientRunner:
         self.procedure: ClientProcedure = registry.get(config.algorithm.name).procedure(config)
         self.models = ModelCache(x_train.shape[1:], num_classes, device)
         self.device = device
+
+    def open_split(self, task: SplitTask) -> SplitSession:
+        """A bottom-model session for a split-learning task (the model cut at its split layer).
+        Each session owns its module: one executor may hold several workers' sessions at once."""
+        idx = self.train_indices[task.client_id]
+        bottom = split(self.models.build(task.model).to(self.device), task.model.split_layer)[0]
+        bottom.load_state_dict(to_torch(task.weights))
+        x = torch.from_numpy(self.x_train[idx]).to(self.device)
+        y = torch.from_numpy(self.y_train[idx]).to(self.device)
+        return SplitSession(task, bottom, x, y, self.config.seed, self.config.federation.momentum)
 
     def run(self, task: ClientTask) -> ClientResult | ClientFailure:
         """Local training for one task; a non-finite loss ends it early as a `ClientFailure`.

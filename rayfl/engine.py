@@ -22,10 +22,11 @@ from rayfl.algorithms.aggregate import invalid_reason
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
 from rayfl.client import to_numpy
 from rayfl.evaluate import Evaluator
+from rayfl.split import SplitPolicy, SplitTask, TopServer
 from rayfl.models import ModelCache
 from rayfl.config import ModelConfig, RunConfig
 from rayfl.data import Dataset, Partition, load_dataset, partition
-from rayfl.devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, nbytes, round_duration
+from rayfl.devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, round_duration
 from rayfl.types import Round
 
 
@@ -33,6 +34,9 @@ class Executor(Protocol):
     """Runs a round's client tasks and returns one outcome per task, in any order."""
 
     def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]: ...
+
+    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
+        """Split learning: per iteration, every task's bottom forward, `server.step`, every backward."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +104,10 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             c: dataclasses.replace(t, pace=Pace(fed.population.state(c, rnd), fed.cost_of(t.model).train_flops, cfg.clock_scale))
             for c, t in tasks.items()
         }
-    outcomes = sorted(executor.run(list(tasks.values())), key=lambda r: r.client_id)
+    split = isinstance(policy, SplitPolicy)
+    server = policy.open_server(state, rnd) if split else None
+    ordered = [tasks[c] for c in sorted(tasks)]
+    outcomes = sorted(executor.run_split(ordered, server) if split else executor.run(ordered), key=lambda r: r.client_id)
 
     accepted: list[ClientResult] = []
     rows: list[dict[str, Any]] = []
@@ -121,8 +128,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             rows.append(row)
             continue
         reason = invalid_reason(out.weights, task.weights)
-        flops = fed.cost_of(task.model).train_flops * out.num_samples
-        down, up = nbytes(task.weights), nbytes(out.weights)
+        flops, down, up = policy.client_cost(task, out)
         t = client_time(device, flops, down, up)
         row.update(
             status="rejected" if reason else "ok",
@@ -146,7 +152,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     for r, w in zip(timed, waits):
         r["wait_s"] = w
 
-    state = policy.aggregate(state, rnd, accepted)
+    state = policy.aggregate(state, rnd, accepted, server) if split else policy.aggregate(state, rnd, accepted)
     evaluate = rnd % cfg.federation.eval_every == 0 or rnd == cfg.federation.rounds
     metrics = policy.evaluate(state, rnd, fed.evaluator) if evaluate else {"test_accuracy": math.nan, "test_loss": math.nan}
     row = {

@@ -21,6 +21,7 @@ from rayfl.client import TORCH_THREADS, ClientRunner
 from rayfl.config import RunConfig, dump_config
 from rayfl.engine import Executor, Federation, build_federation, run_round
 from rayfl.metrics import Recorder
+from rayfl.split import SplitTask, TopServer
 
 Progress = Callable[[Mapping[str, Any]], None]
 
@@ -96,6 +97,15 @@ class InProcessExecutor:
 
     def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
         return [self.runner.run(t) for t in tasks]
+
+    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
+        sessions = [self.runner.open_split(t) for t in tasks]
+        for _ in range(tasks[0].tau if tasks else 0):
+            outs = [s.forward() for s in sessions]
+            losses, grads = server.step([f for f, _ in outs], [y for _, y in outs])
+            for session, grad, loss in zip(sessions, grads, losses):
+                session.backward(grad, loss)
+        return [s.close() for s in sessions]
 
 
 def run_local(

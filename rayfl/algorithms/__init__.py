@@ -1,5 +1,5 @@
 """Algorithms: one module each, server policy + client procedure, registered by name."""
 
-from rayfl.algorithms import fedavg, fedopt, fedprox, heterofl, registry  # noqa: F401  (registration)
+from rayfl.algorithms import fedavg, fedopt, fedprox, heterofl, registry, sfl  # noqa: F401  (registration)
 
 __all__ = ["registry"]

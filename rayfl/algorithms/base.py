@@ -18,7 +18,7 @@ from torch import nn
 
 from rayfl import rng
 from rayfl.config import ModelConfig, RunConfig
-from rayfl.devices.cost import ModelCost, Pace
+from rayfl.devices.cost import ModelCost, Pace, nbytes
 from rayfl.types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
@@ -133,6 +133,11 @@ class ServerPolicy:
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
+
+    def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
+        """(training FLOPs, bytes down, bytes up) of one client's round on the virtual clock."""
+        flops = self.context.cost_of(task.model).train_flops * result.num_samples
+        return flops, nbytes(task.weights), nbytes(result.weights)
 
     def evaluate(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
         """Test metrics of the global model: `test_accuracy`, `test_loss`."""

@@ -69,10 +69,19 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     assert metrics["virtual_time_s"].tolist() == pytest.approx(ref_metrics["virtual_time_s"].tolist())
 
 
-def test_heterofl_on_ray_equals_in_process(ray_cluster, tmp_path):
-    cfg = load_config(None, ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2", "ray.num_actors=2"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # HeteroFL: sliced sub-models, static BN, per-level metrics.
+        ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2"],
+        # Split learning: 3 workers pinned to 2 actors (one actor holds two bottom models at once).
+        ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3"],
+    ],
+    ids=["heterofl", "sfl"],
+)
+def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
+    cfg = load_config(None, [*overrides, "ray.num_actors=2"])
     run_local(cfg, tmp_path / "local")
     api.run(cfg, tmp_path / "ray")
     for a, b in zip(tables(tmp_path / "local"), tables(tmp_path / "ray")):
         pd.testing.assert_frame_equal(a, b)
-    assert "test_accuracy@c" in tables(tmp_path / "ray")[0].columns

@@ -1,0 +1,35 @@
+"""Typical split FL end to end in-process: learning, bytes and FLOPs on the virtual clock."""
+
+import pandas as pd
+import pytest
+
+from rayfl.config import ConfigError, load_config
+from rayfl.runner import run_local
+
+
+def test_sfl_learns_and_counts_features_gradients_and_bottom_models(tmp_path):
+    cfg = load_config(None, ["algorithm.name=sfl", "algorithm.tau=10", "model.name=cnn2", "federation.rounds=4", "federation.lr=0.05"])
+    summary = run_local(cfg, tmp_path)
+    assert summary["final_test_accuracy"] > 0.6  # chance is 0.1
+    clients = pd.read_parquet(tmp_path / "clients.parquet")
+    # cnn2 cut after its two convs: bottom = (1*25*32 + 32) + (32*25*64 + 64) = 52,096 float32 = 208,384 bytes;
+    # features 64 x 2 x 2 float32 = 1,024 bytes a sample; 10 iterations of batch 10 = 100 samples.
+    assert (clients["num_samples"] == 100).all()
+    assert (clients["bytes_down"] == 208_384 + 100 * 1_024).all()  # bottom model + gradients
+    assert (clients["bytes_up"] == 208_384 + 100 * (1_024 + 8)).all()  # bottom model + features + int64 labels
+    # Only the bottom's FLOPs count for the worker: conv1 2*32*25*64 = 102,400 and conv2 (at 4x4)
+    # 2*64*32*25*16 = 1,638,400 forward; training 3x, less conv1's input gradient = 5,120,000 a sample.
+    assert (clients["flops"] == 100 * 5_120_000).all()
+
+
+def test_merged_features_also_learn(tmp_path):
+    # One top step per iteration on all 10 workers' features (10x fewer top steps than unmerged).
+    cfg = load_config(None, ["algorithm.name=sfl", "algorithm.merge_features=true", "model.name=cnn2", "federation.rounds=4", "federation.lr=0.05"])
+    run_local(cfg, tmp_path)
+    acc = pd.read_parquet(tmp_path / "metrics.parquet")["test_accuracy"]
+    assert acc.iloc[-1] > 0.45 and acc.iloc[-1] > acc.iloc[0] + 0.2  # chance is 0.1
+
+
+def test_split_algorithms_need_a_split_model(tmp_path):
+    with pytest.raises(ConfigError, match="model.name: sfl needs a model with a split point"):
+        run_local(load_config(None, ["algorithm.name=sfl", "model.name=mlp"]), tmp_path)
