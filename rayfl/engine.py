@@ -81,6 +81,7 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
         memory_bytes=np.array([population.device_class(k).memory_mb * 2**20 for k in range(config.data.num_clients)]),
         test_split=parts.test,
         cost_of=lambda variant: costs.get(variant, lambda: models.build(variant), dataset.input_shape),
+        device_state=population.state,
     )
     policy = registry.get(config.algorithm.name).policy(config, context)
     evaluator = Evaluator(dataset, parts.train, models, config.federation.eval_batch_size)
@@ -168,6 +169,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
         "num_failed": sum(r["status"] != "ok" for r in rows),
         "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
+        **policy.round_metrics(state, rnd, ordered),
         **metrics,
     }
     return RoundOutcome(state, row, rows)

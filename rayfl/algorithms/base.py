@@ -19,6 +19,7 @@ from torch import nn
 from rayfl import rng
 from rayfl.config import ModelConfig, RunConfig
 from rayfl.devices.cost import ModelCost, Pace, nbytes
+from rayfl.devices.profile import DeviceState
 from rayfl.types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class FederationContext:
     """Per-client test indices where the partition defines them (shards), else None."""
     cost_of: Callable[[ModelConfig], ModelCost]
     """Measured size, FLOPs and activations of a model variant (cached)."""
+    device_state: Callable[[ClientId, Round], DeviceState] | None = None
+    """What a client's device offers in a round (policies that measure devices read it)."""
 
 
 
@@ -133,6 +136,10 @@ class ServerPolicy:
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
+
+    def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
+        """Extra columns of the round's `metrics.parquet` row (a policy's own diagnostics)."""
+        return {}
 
     def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
         """(training FLOPs, bytes down, bytes up) of one client's round on the virtual clock."""

@@ -76,8 +76,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
         ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2"],
         # Split learning: 3 workers pinned to 2 actors (one actor holds two bottom models at once).
         ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3"],
+        # MergeSFL: GA-selected workers with regulated batch sizes and merged features.
+        ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=2", "algorithm.ga_generations=20"],
     ],
-    ids=["heterofl", "sfl"],
+    ids=["heterofl", "sfl", "mergesfl"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     cfg = load_config(None, [*overrides, "ray.num_actors=2"])

@@ -1,0 +1,134 @@
+"""MergeSFL's server policy: the control module (Alg. 1) driving split learning with feature merging.
+
+Per round h: the estimates mu_i, beta_i (Eq. 5-6, measured from the device model with noise and
+smoothed with alpha) give every worker a batch size (Eq. 9, the fastest gets D); the genetic
+algorithm picks the worker set with the least KL(Phi_h || Phi_0) under the ingress budget
+sum d_i <= B / c (Eq. 10-12), seeded by participation priority (Eq. 13); the selected batch
+sizes are fine-tuned toward KL <= epsilon (Eq. 14) and scaled to fill the budget (Alg. 1 l.7).
+Training merges all workers' features into one top-model step per iteration and dispatches
+each worker the gradient of its own mean loss; worker i's learning rate is lr * d_i / D
+(proportional to its batch size) and bottom models are averaged weighted by d_i (Eq. 17).
+
+Ablations: `merge_features: false` takes one top step per worker instead (no merging);
+`regulate_batch: false` gives every worker batch D (no Eq. 9, no fine-tuning).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from pydantic import Field
+
+from rayfl import rng
+from rayfl.algorithms.base import ClientProcedure, ClientTask, FederationContext, ServerState
+from rayfl.algorithms.mergesfl import control
+from rayfl.algorithms.registry import Algorithm, register
+from rayfl.algorithms.sfl import SFLConfig, SFLPolicy
+from rayfl.config import RunConfig
+from rayfl.split import SplitTask
+from rayfl.types import ClientId, Round
+
+
+class MergeSFLConfig(SFLConfig):
+    name: str = "mergesfl"
+    merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
+    regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation: false)")
+    max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
+    max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
+    epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
+    alpha: float = Field(0.8, ge=0, le=1, description="moving-average weight of Eq. 5-6")
+    noise: float = Field(0.1, ge=0, description="relative std of the measured mu_hat, beta_hat around the device model")
+    ga_population: int = Field(100, ge=2)
+    ga_generations: int = Field(150, ge=1)
+    ga_islands: int = Field(4, ge=1)
+
+
+class MergeSFLPolicy(SFLPolicy):
+    def __init__(self, config: RunConfig, context: FederationContext):
+        super().__init__(config, context)
+        hist = context.label_histogram.astype(float)
+        self.V = hist / np.maximum(hist.sum(1, keepdims=True), 1)  # V_i: each worker's label distribution
+        self.phi_0 = self.V.mean(0)  # Phi_0 = (1/N) sum_i V_i
+        cfg = config.algorithm
+        self.ga = control.GAConfig(population=cfg.ga_population, generations=cfg.ga_generations, islands=cfg.ga_islands)
+
+    def measure(self, round: Round) -> tuple[np.ndarray, np.ndarray]:
+        """mu_hat, beta_hat of every worker: per-sample bottom compute time and feature + gradient
+        transmission time from the device model, times (1 + noise * N(0, 1)), keyed by round."""
+        noise = self.config.algorithm.noise
+        mu, beta = np.empty(self.context.num_clients), np.empty(self.context.num_clients)
+        for c in range(self.context.num_clients):
+            dev = self.context.device_state(c, round)
+            jitter = 1 + noise * rng.generator(self.context.seed, "mergesfl-measure", round, c).standard_normal(2)
+            mu[c] = self.bottom_flops / dev.flops * max(jitter[0], 0.1)
+            beta[c] = 8 * 2 * self.feature_bytes / dev.bandwidth_bps * max(jitter[1], 0.1)
+        return mu, beta
+
+    def estimates(self, state: ServerState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mu, beta, K) carried in the state's per-client entries."""
+        arr = lambda key: np.array([float(state.clients[c][key]) for c in range(self.context.num_clients)])  # noqa: E731
+        return arr("mu"), arr("beta"), arr("K")
+
+    def init_state(self, weights):
+        mu, beta = self.measure(0)
+        clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(0.0)} for c in range(self.context.num_clients)}
+        return ServerState(round=0, weights=dict(weights), clients=clients)
+
+    def batch_sizes(self, state: ServerState) -> np.ndarray:
+        """Alg. 1 l.1-2: Eq. 9 for every worker (or D for all without regulation)."""
+        mu, beta, _ = self.estimates(state)
+        cfg = self.config.algorithm
+        if not cfg.regulate_batch:
+            return np.full(self.context.num_clients, cfg.max_batch)
+        return control.regulate_batch_sizes(mu, beta, cfg.max_batch)
+
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13)."""
+        cfg = self.config.algorithm
+        avail = np.asarray(sorted(available))
+        d = self.batch_sizes(state)[avail]
+        _, _, K = self.estimates(state)
+        g = rng.generator(self.context.seed, "mergesfl-ga", round)
+        chosen = control.genetic_select(self.V[avail], d, self.phi_0, control.priority(K[avail]), 1.0, cfg.max_merged, g, self.ga)
+        return [int(c) for c in avail[chosen]]
+
+    def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
+        """Alg. 1 l.6-7: fine-tune the chosen workers' batch sizes (Eq. 14), fill the budget;
+        learning rates proportional to batch size."""
+        cfg, fed = self.config.algorithm, self.config.federation
+        idx = np.asarray(clients, int)
+        d = self.batch_sizes(state)[idx]
+        if cfg.regulate_batch and len(idx) > 1:
+            mu, beta, _ = self.estimates(state)
+            d = control.finetune_batch_sizes(self.V[idx], d, (mu + beta)[idx], self.phi_0, cfg.epsilon, cfg.max_batch)
+        d = control.fill_bandwidth(d, 1.0, cfg.max_merged, cfg.max_batch)
+        bottom = {k: state.weights[k] for k in self.bottom_keys}
+        return [
+            SplitTask(int(c), round, bottom, self.config.model, 1, int(di), fed.lr * int(di) / cfg.max_batch, tau=cfg.tau)
+            for c, di in zip(idx, d)
+        ]
+
+    def aggregate(self, state, round, results, server):
+        """Eq. 17 (bottoms weighted by d_i, via samples processed), the server's top model; then
+        participation counts K_i and the Eq. 5-6 estimates for the next round."""
+        new = super().aggregate(state, round, results, server)
+        mu_prev, beta_prev, K = self.estimates(state)
+        mu_hat, beta_hat = self.measure(round)
+        alpha = self.config.algorithm.alpha
+        mu, beta = control.moving_average(mu_prev, mu_hat, alpha), control.moving_average(beta_prev, beta_hat, alpha)
+        for r in results:
+            K[r.client_id] += 1
+        clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(K[c])} for c in range(self.context.num_clients)}
+        return new.replace(clients=clients)
+
+    def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
+        """The merged label distribution's KL to Phi_0 (Eq. 12) and the merged batch sum d_i."""
+        if not tasks:
+            return {"kl": float("nan"), "merged_batch": 0}
+        idx = np.array([t.client_id for t in tasks])
+        d = np.array([t.batch_size for t in tasks])
+        return {"kl": control.kl(control.merged_distribution(self.V[idx], d, np.ones(len(idx), bool)), self.phi_0), "merged_batch": int(d.sum())}
+
+
+MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, ClientProcedure))
