@@ -123,6 +123,7 @@ class FederationConfig(Strict):
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_batch_size: int = Field(500, ge=1)
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
 
 
 class DevicesConfig(Strict):

@@ -70,8 +70,9 @@ class Recorder:
         self.metrics_frame().to_parquet(self.run_dir / "metrics.parquet", index=False)
         pd.DataFrame(self.clients).to_parquet(self.run_dir / "clients.parquet", index=False)
 
-    def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The contract's summary keys (plus `extra`), written to `summary.json`."""
+    def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None, target: float | None = None) -> dict[str, Any]:
+        """The contract's summary keys (plus `extra`), written to `summary.json`. With a `target`
+        accuracy, `time_to_target_s` is the virtual time of the first round reaching it (None if none did)."""
         acc = [r["test_accuracy"] for r in self.rounds if not math.isnan(r["test_accuracy"])]
         last = self.rounds[-1] if self.rounds else {}
         out = {
@@ -84,6 +85,9 @@ class Recorder:
             "bytes_total": int(sum(r["bytes_up"] + r["bytes_down"] for r in self.rounds)),
             **(extra or {}),
         }
+        if target is not None:
+            reached = [r["virtual_time_s"] for r in self.rounds if r["test_accuracy"] >= target]
+            out.update(target_accuracy=target, time_to_target_s=reached[0] if reached else None)
         (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2) + "\n")
         return out
 

@@ -85,7 +85,7 @@ def run_federation(
         "model_train_flops_per_sample": cost.train_flops,
         **fed.policy.summary(),
     }
-    return recorder.summary(fed.config.algorithm.name, extra)
+    return recorder.summary(fed.config.algorithm.name, extra, fed_cfg.target_accuracy)
 
 
 class InProcessExecutor:

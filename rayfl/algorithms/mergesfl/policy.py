@@ -10,7 +10,9 @@ each worker the gradient of its own mean loss; worker i's learning rate is lr * 
 (proportional to its batch size) and bottom models are averaged weighted by d_i (Eq. 17).
 
 Ablations: `merge_features: false` takes one top step per worker instead (no merging);
-`regulate_batch: false` gives every worker batch D (no Eq. 9, no fine-tuning).
+`regulate_batch: false` gives every worker batch D (no Eq. 9, no fine-tuning); `kl_aware: false`
+selects `clients_per_round` workers uniformly and skips Eq. 14. AdaSFL is the last two of these
+with regulation on (`adasfl`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class MergeSFLConfig(SFLConfig):
     name: str = "mergesfl"
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
     regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation: false)")
+    kl_aware: bool = Field(True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)")
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
     max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
     epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
@@ -84,8 +87,11 @@ class MergeSFLPolicy(SFLPolicy):
         return control.regulate_batch_sizes(mu, beta, cfg.max_batch)
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13)."""
+        """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13); without
+        `kl_aware`, `clients_per_round` workers uniformly."""
         cfg = self.config.algorithm
+        if not cfg.kl_aware:
+            return super().select(state, round, available)
         avail = np.asarray(sorted(available))
         d = self.batch_sizes(state)[avail]
         _, _, K = self.estimates(state)
@@ -99,7 +105,7 @@ class MergeSFLPolicy(SFLPolicy):
         cfg, fed = self.config.algorithm, self.config.federation
         idx = np.asarray(clients, int)
         d = self.batch_sizes(state)[idx]
-        if cfg.regulate_batch and len(idx) > 1:
+        if cfg.regulate_batch and cfg.kl_aware and len(idx) > 1:
             mu, beta, _ = self.estimates(state)
             d = control.finetune_batch_sizes(self.V[idx], d, (mu + beta)[idx], self.phi_0, cfg.epsilon, cfg.max_batch)
         d = control.fill_bandwidth(d, 1.0, cfg.max_merged, cfg.max_batch)
@@ -130,5 +136,16 @@ class MergeSFLPolicy(SFLPolicy):
         d = np.array([t.batch_size for t in tasks])
         return {"kl": control.kl(control.merged_distribution(self.V[idx], d, np.ones(len(idx), bool)), self.phi_0), "merged_batch": int(d.sum())}
 
+
+class AdaSFLConfig(MergeSFLConfig):
+    """AdaSFL, MergeSFL's baseline: batch size regulation for heterogeneous workers, without
+    feature merging or KL-aware worker selection (uniform selection of clients_per_round)."""
+
+    name: str = "adasfl"
+    merge_features: bool = False
+    kl_aware: bool = False
+
+
+register(Algorithm("adasfl", "AdaSFL (MergeSFL's baseline): split FL with batch regulation only", AdaSFLConfig, MergeSFLPolicy, ClientProcedure))
 
 MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, ClientProcedure))

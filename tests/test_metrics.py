@@ -1,0 +1,21 @@
+"""Recorder: contract columns, summary keys, time to a target accuracy."""
+
+import math
+
+from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS, Recorder
+
+
+def row(r, acc, vt):
+    return {"round": r, "virtual_time_s": vt, "wall_time_s": 0.1 * r, "test_accuracy": acc, "test_loss": 1.0, "bytes_up": 10, "bytes_down": 20, "num_clients": 2, "mean_wait_s": 0.5}
+
+
+def test_summary_and_time_to_target(tmp_path):
+    rec = Recorder(tmp_path)
+    for r, acc, vt in ((1, 0.4, 10.0), (2, math.nan, 25.0), (3, 0.8, 40.0), (4, 0.7, 55.0)):
+        rec.record(row(r, acc, vt), [{"round": r, "client_id": 0}])
+    summary = rec.summary("fedavg", target=0.75)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["final_test_accuracy"] == 0.7 and summary["best_test_accuracy"] == 0.8
+    assert summary["bytes_total"] == 4 * 30 and summary["time_to_target_s"] == 40.0
+    assert rec.summary("fedavg", target=0.9)["time_to_target_s"] is None
+    assert list(rec.metrics_frame().columns[: len(METRICS_COLUMNS)]) == list(METRICS_COLUMNS)
