@@ -1,0 +1,67 @@
+"""One split-learning iteration with 10 workers: on Ray (workers pinned to client actors) against
+the same iterations in one process.
+
+Both sides run the same exchange (`run_split`): every worker forwards a batch through its bottom
+model, the coordinator merges the features and steps the top model, every worker gets its
+gradient and steps. Ray's side crosses process boundaries twice per worker per iteration
+(features up, gradients down); the in-process side calls the same functions directly. Prints the
+mean milliseconds per iteration of each, the overhead, and Ray's per-worker cost.
+
+    python bench/split_iteration.py [--iterations 50] [--actors 2] [--batch 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=16)
+    args = parser.parse_args()
+
+    import ray
+
+    from actors.client import create_client_actors
+    from actors.pool import RayExecutor
+    from rayfl.config import load_config
+    from rayfl.engine import build_federation
+    from rayfl.runner import InProcessExecutor, torch_threads
+
+    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", "model.name=cnn2", f"federation.batch_size={args.batch}", "federation.clients_per_round=10"]
+    timings = {}
+    with torch_threads():
+        fed = build_federation(load_config(None, sets))
+        state = fed.policy.init_state(fed.initial_weights())
+
+        def tasks(tau: int):
+            return [dataclasses.replace(t, tau=tau) for t in fed.policy.configure(state, 1, list(range(10)))]
+
+        def timed(executor) -> float:
+            executor.run_split(tasks(2), fed.policy.open_server(state, 1))  # warm-up (first autograd calls)
+            server = fed.policy.open_server(state, 1)
+            start = time.perf_counter()
+            executor.run_split(tasks(args.iterations), server)
+            return (time.perf_counter() - start) / args.iterations * 1e3
+
+        timings["in one process"] = timed(InProcessExecutor(fed))
+        ray.init(address="local", num_cpus=args.actors, include_dashboard=False, log_to_driver=False)
+        try:
+            actors = create_client_actors(fed.config, ray.put(fed.dataset), list(fed.partition.train), "bench", args.actors)
+            ray.get([a.info.remote() for a in actors])
+            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors))
+        finally:
+            ray.shutdown()
+    base, on_ray = timings.values()
+    print(f"10 workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations")
+    for label, ms in timings.items():
+        print(f"{label:<22}{ms:8.1f} ms / iteration")
+    print(f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / 10:+.2f} ms per worker")
+
+
+if __name__ == "__main__":
+    main()
