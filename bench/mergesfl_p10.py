@@ -1,7 +1,8 @@
 """MergeSFL against its baselines on digits at non-IID level p (default 10) under `jetson`.
 
 Runs examples/mergesfl/{mergesfl,sfl,adasfl,fedavg}.yaml and MergeSFL's two ablations
-(`merge_features: false`, `regulate_batch: false`) in-process, two at a time; prints final
+(`merge_features: false`, `regulate_batch: false`), each also with `scale_top_lr: true`,
+in-process, two at a time; prints final
 accuracy (mean of the last 5 rounds), average waiting time per round (Eq. 8), virtual time,
 time to the target accuracy and traffic; writes accuracy-vs-virtual-time plots next to --plots.
 
@@ -22,6 +23,9 @@ RUNS = {
     "MergeSFL": ("mergesfl", []),
     "MergeSFL w/o merging": ("mergesfl", ["algorithm.merge_features=false"]),
     "MergeSFL w/o batch regulation": ("mergesfl", ["algorithm.regulate_batch=false"]),
+    "MergeSFL, top lr scaled": ("mergesfl", ["algorithm.scale_top_lr=true"]),
+    "MergeSFL w/o merging, top lr scaled": ("mergesfl", ["algorithm.scale_top_lr=true", "algorithm.merge_features=false"]),
+    "MergeSFL w/o batch regulation, top lr scaled": ("mergesfl", ["algorithm.scale_top_lr=true", "algorithm.regulate_batch=false"]),
     "AdaSFL": ("adasfl", []),
     "typical SFL": ("sfl", []),
     "FedAvg": ("fedavg", []),

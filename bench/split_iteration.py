@@ -42,8 +42,9 @@ def main() -> None:
             return [dataclasses.replace(t, tau=tau) for t in fed.policy.configure(state, 1, list(range(10)))]
 
         def timed(executor) -> float:
-            executor.run_split(tasks(2), fed.policy.open_server(state, 1))  # warm-up (first autograd calls)
-            server = fed.policy.open_server(state, 1)
+            warm = tasks(2)
+            executor.run_split(warm, fed.policy.open_server(state, 1, warm))  # warm-up (first autograd calls)
+            server = fed.policy.open_server(state, 1, warm)
             start = time.perf_counter()
             executor.run_split(tasks(args.iterations), server)
             return (time.perf_counter() - start) / args.iterations * 1e3

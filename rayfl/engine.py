@@ -106,8 +106,8 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             for c, t in tasks.items()
         }
     split = isinstance(policy, SplitPolicy)
-    server = policy.open_server(state, rnd) if split else None
     ordered = [tasks[c] for c in sorted(tasks)]
+    server = policy.open_server(state, rnd, ordered) if split else None
     outcomes = sorted(executor.run_split(ordered, server) if split else executor.run(ordered), key=lambda r: r.client_id)
 
     accepted: list[ClientResult] = []

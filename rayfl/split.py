@@ -46,12 +46,19 @@ def merged_step(
 
 
 def unmerged_steps(
-    top: nn.Module, optimizer: torch.optim.Optimizer, features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]
+    top: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    features: Sequence[torch.Tensor],
+    labels: Sequence[torch.Tensor],
+    lrs: Sequence[float] | None = None,
 ) -> tuple[list[float], list[torch.Tensor]]:
-    """Typical SFL: one top step per worker, in worker order, each on that worker's mean loss.
-    Returns (the workers' losses, per-worker feature gradients)."""
+    """Typical SFL: one top step per worker, in worker order, each on that worker's mean loss
+    (at `lrs[i]` when given). Returns (the workers' losses, per-worker feature gradients)."""
     losses, grads = [], []
-    for f, y in zip(features, labels):
+    for i, (f, y) in enumerate(zip(features, labels)):
+        if lrs is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lrs[i]
         x = f.detach().requires_grad_(True)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(top(x), y)
@@ -113,11 +120,13 @@ class SplitSession:
 
 
 class TopServer:
-    """The top model on the coordinator for one round: merged or per-worker steps."""
+    """The top model on the coordinator for one round: merged or per-worker steps. `lrs` gives
+    the merged step's rate (one value) or each worker's step's rate (one per worker, in order)."""
 
-    def __init__(self, top: nn.Module, lr: float, merge: bool):
+    def __init__(self, top: nn.Module, lrs: Sequence[float], merge: bool):
         self.top = top.train()
-        self.optimizer = torch.optim.SGD(top.parameters(), lr=lr)
+        self.optimizer = torch.optim.SGD(top.parameters(), lr=lrs[0])
+        self.lrs = list(lrs)
         self.merge = merge
 
     def step(self, features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> tuple[list[float], list[torch.Tensor]]:
@@ -125,8 +134,7 @@ class TopServer:
         if self.merge:
             loss, grads = merged_step(self.top, self.optimizer, features, labels)
             return [loss] * len(grads), grads
-        losses, grads = unmerged_steps(self.top, self.optimizer, features, labels)
-        return losses, grads
+        return unmerged_steps(self.top, self.optimizer, features, labels, self.lrs if len(self.lrs) == len(features) else None)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.top.state_dict().items()}
@@ -148,7 +156,8 @@ class SplitPolicy(ServerPolicy):
             self.feature_bytes = int(bottom.eval()(probe)[0].numel() * 4)
         self.bottom_flops = measure(bottom, context.input_shape).train_flops
 
-    def open_server(self, state: ServerState, round: Round) -> TopServer:
+    def open_server(self, state: ServerState, round: Round, tasks: Sequence[SplitTask]) -> TopServer:
+        """The round's top model, knowing the round's tasks (their batch sizes)."""
         raise NotImplementedError
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], server: TopServer) -> ServerState:

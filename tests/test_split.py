@@ -62,3 +62,17 @@ def test_bottom_step_applies_the_feature_gradient():
     bottom_step(torch.optim.SGD(bottom.parameters(), lr=0.1), out, grad)
     # d out / d W = grad^T x: W <- W - 0.1 * grad^T x
     torch.testing.assert_close(bottom.weight, w0 - 0.1 * grad.T @ x)
+
+
+def test_unmerged_steps_use_each_workers_rate():
+    torch.manual_seed(2)
+    top, twin = nn.Linear(3, 2, bias=False), nn.Linear(3, 2, bias=False)
+    twin.load_state_dict(top.state_dict())
+    feats, labels = [torch.randn(2, 3), torch.randn(2, 3)], [torch.tensor([0, 1]), torch.tensor([1, 0])]
+    unmerged_steps(top, torch.optim.SGD(top.parameters(), lr=9.0), feats, labels, lrs=[0.1, 0.3])
+    for f, y, lr in zip(feats, labels, (0.1, 0.3)):  # by hand: two SGD steps at 0.1 then 0.3
+        twin.zero_grad()
+        F.cross_entropy(twin(f), y).backward()
+        with torch.no_grad():
+            twin.weight -= lr * twin.weight.grad
+    torch.testing.assert_close(top.weight, twin.weight)

@@ -38,11 +38,15 @@ class SFLPolicy(SplitPolicy):
         bottom = {k: state.weights[k] for k in self.bottom_keys}
         return [SplitTask(c, round, bottom, self.config.model, 1, fed.batch_size, fed.lr, tau=cfg.tau) for c in clients]
 
-    def open_server(self, state: ServerState, round: Round) -> TopServer:
+    def open_server(self, state: ServerState, round: Round, tasks: Sequence[SplitTask]) -> TopServer:
         model = build_model(self.config.model, self.context.input_shape, self.context.num_classes)
         model.load_state_dict(to_torch(state.weights))
         top = split(model, self.config.model.split_layer)[1]
-        return TopServer(top, self.config.federation.lr, self.config.algorithm.merge_features)
+        return TopServer(top, self.top_lrs(tasks), self.config.algorithm.merge_features)
+
+    def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
+        """The top model's learning rate(s) for the round: `federation.lr` for every step."""
+        return [self.config.federation.lr]
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], server: TopServer) -> ServerState:
         """Bottom models averaged by samples processed (Eq. 17 with d_i), top model from the server."""

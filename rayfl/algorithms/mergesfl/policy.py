@@ -37,6 +37,7 @@ class MergeSFLConfig(SFLConfig):
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
     regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation: false)")
     kl_aware: bool = Field(True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)")
+    scale_top_lr: bool = Field(False, description="top-model lr proportional to the batch it steps on, as worker lrs (not in the paper)")
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
     max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
     epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
@@ -114,6 +115,17 @@ class MergeSFLPolicy(SFLPolicy):
             SplitTask(int(c), round, bottom, self.config.model, 1, int(di), fed.lr * int(di) / cfg.max_batch, tau=cfg.tau)
             for c, di in zip(idx, d)
         ]
+
+    def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
+        """With `scale_top_lr`, the worker rule lr_i = lr d_i / D applied to the top model's steps:
+        lr * sum_i d_i / D for a merged step, lr * d_i / D for worker i's own step. The paper is
+        silent on the top model's rate, so this is off by default."""
+        cfg, lr = self.config.algorithm, self.config.federation.lr
+        if not cfg.scale_top_lr or not tasks:
+            return super().top_lrs(tasks)
+        if cfg.merge_features:
+            return [lr * sum(t.batch_size for t in tasks) / cfg.max_batch]
+        return [lr * t.batch_size / cfg.max_batch for t in tasks]
 
     def aggregate(self, state, round, results, server):
         """Eq. 17 (bottoms weighted by d_i, via samples processed), the server's top model; then

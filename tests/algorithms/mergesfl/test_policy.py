@@ -39,7 +39,7 @@ def test_aggregate_counts_participation_and_smooths_estimates(fed):
     tasks = policy.configure(state, 1, [2, 5])
     from rayfl.runner import InProcessExecutor
 
-    server = policy.open_server(state, 1)
+    server = policy.open_server(state, 1, tasks)
     results = InProcessExecutor(fed).run_split(tasks, server)
     new = policy.aggregate(state, 1, results, server)
     mu1, beta1, K = policy.estimates(new)
@@ -66,3 +66,14 @@ def test_regulation_lowers_kl_and_waiting_against_the_ablation(tmp_path):
     assert (out["mergesfl"]["merged_batch"] <= 160).all()
     assert out["mergesfl"]["kl"].mean() < out["no-regulation"]["kl"].mean()
     assert out["mergesfl"]["mean_wait_s"].mean() < 0.5 * out["no-regulation"]["mean_wait_s"].mean()
+
+
+def test_top_lr_scales_with_the_merged_batch_only_when_asked(fed):
+    state = fed.policy.init_state(fed.initial_weights())
+    tasks = fed.policy.configure(state, 1, [2, 5, 7])
+    assert fed.policy.top_lrs(tasks) == [0.05]  # the paper's default: federation.lr
+    sets = [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16", "algorithm.scale_top_lr=true"]
+    merged = sum(t.batch_size for t in tasks)
+    assert build_federation(load_config(None, sets)).policy.top_lrs(tasks) == pytest.approx([0.05 * merged / 16])
+    unmerged = build_federation(load_config(None, [*sets, "algorithm.merge_features=false"])).policy
+    assert unmerged.top_lrs(tasks) == pytest.approx([0.05 * t.batch_size / 16 for t in tasks])
