@@ -1,6 +1,6 @@
 """MergeSFL against its baselines on digits at non-IID level p (default 10) under `jetson`.
 
-Runs examples/mergesfl/{mergesfl,sfl,adasfl,fedavg}.yaml and MergeSFL's two ablations
+Runs examples/mergesfl/{mergesfl,sfl,adasfl,fedavg,pyramidfl}.yaml and MergeSFL's two ablations
 (`merge_features: false`, `regulate_batch: false`), each also with `scale_top_lr: true`,
 in-process, two at a time; prints final
 accuracy (mean of the last 5 rounds), average waiting time per round (Eq. 8), virtual time,
@@ -29,6 +29,7 @@ RUNS = {
     "AdaSFL": ("adasfl", []),
     "typical SFL": ("sfl", []),
     "FedAvg": ("fedavg", []),
+    "PyramidFL (whole model)": ("pyramidfl", []),
 }
 
 

@@ -1,0 +1,56 @@
+"""PyramidFL-style selection: oversample by reward (with exploration), keep the fastest."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayfl.algorithms.base import ClientResult
+from rayfl.config import load_config
+from rayfl.engine import build_federation
+from rayfl.runner import run_local
+
+
+@pytest.fixture
+def fed(tmp_path):
+    # Clients alternate between a slow and a fast device class on fixed links.
+    profile = tmp_path / "two.yaml"
+    profile.write_text(
+        "name: two\nclasses:\n"
+        "  - {name: slow, proportion: 1, flops: [1.0e+8], memory_mb: 64, bandwidth_mbps: [10, 10]}\n"
+        "  - {name: fast, proportion: 1, flops: [1.0e+10], memory_mb: 64, bandwidth_mbps: [10, 10]}\n"
+    )
+    sets = ["algorithm.name=pyramidfl", "algorithm.oversample=2", "algorithm.explore=0", "model.name=mlp",
+            "data.partition.kind=iid", "federation.clients_per_round=3", f"devices.profile={profile}"]
+    return build_federation(load_config(None, sets))
+
+
+def test_keeps_the_fastest_of_the_highest_reward_candidates(fed):
+    policy = fed.policy
+    state = policy.init_state(fed.initial_weights())
+    rewards = np.arange(20, 0, -1.0)  # client 0 has the largest reward
+    state = state.replace(clients={c: {"reward": np.array(rewards[c])} for c in range(20)})
+    chosen = policy.select(state, 1, list(range(20)))
+    candidates = list(range(6))  # ceil(2 * 3) = 6 best rewards: clients 0..5
+    fast = [c for c in candidates if fed.population.device_class(c).name == "fast"]
+    slow = [c for c in candidates if fed.population.device_class(c).name == "slow"]
+    expected = sorted((fast + slow)[:3]) if len(fast) < 3 else sorted(fast[:3])
+    assert chosen == expected and set(chosen) <= set(candidates)
+
+
+def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
+    policy = fed.policy
+    state = policy.init_state(fed.initial_weights())
+    first = policy.select(state, 1, list(range(20)))
+    assert len(first) == 3  # nobody has a reward yet: candidates are drawn uniformly
+    w = state.weights
+    moved = {k: (v + 1.0 if k in policy.context.param_names else v) for k, v in w.items()}
+    new = policy.aggregate(state, 1, [ClientResult(first[0], 1, moved, 10, 10, 0.0)])
+    size = sum(np.asarray(w[k]).size for k in policy.context.param_names)
+    assert float(new.clients[first[0]]["reward"]) == pytest.approx(np.sqrt(size))  # ||x_k - x_t|| with +1 everywhere
+    assert np.isnan(float(new.clients[first[1]]["reward"]))
+
+
+def test_pyramidfl_trains_end_to_end(tmp_path):
+    summary = run_local(load_config(None, ["algorithm.name=pyramidfl", "model.name=mlp", "federation.rounds=4"]), tmp_path)
+    assert summary["final_test_accuracy"] > 0.5
+    assert pd.read_parquet(tmp_path / "clients.parquet").groupby("round").size().tolist() == [10] * 4
