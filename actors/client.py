@@ -17,7 +17,7 @@ import ray
 import torch
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
-from rayfl.split import SplitTask
+from rayfl.algorithms.split import SplitTask
 from rayfl.config import RunConfig
 from rayfl.types import Weights
 

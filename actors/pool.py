@@ -21,7 +21,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
-from rayfl.split import SplitTask, TopServer
+from rayfl.algorithms.split import SplitTask, TopServer
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:

@@ -22,7 +22,7 @@ from rayfl.config import RunConfig
 from rayfl.devices.cost import nbytes
 from rayfl.models import ModelCache, to_torch
 from rayfl.models.layers import split
-from rayfl.split import SplitSession, SplitTask
+from rayfl.algorithms.split import SplitSession, SplitTask
 from rayfl.types import Weights
 
 TORCH_THREADS = 1

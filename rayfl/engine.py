@@ -22,7 +22,7 @@ from rayfl.algorithms.aggregate import invalid_reason
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
 from rayfl.client import to_numpy
 from rayfl.evaluate import Evaluator
-from rayfl.split import SplitPolicy, SplitTask, TopServer
+from rayfl.algorithms.split import SplitPolicy, SplitTask, TopServer
 from rayfl.models import ModelCache
 from rayfl.config import ModelConfig, RunConfig
 from rayfl.data import Dataset, Partition, load_dataset, partition

@@ -21,7 +21,7 @@ from rayfl.client import TORCH_THREADS, ClientRunner
 from rayfl.config import RunConfig, dump_config
 from rayfl.engine import Executor, Federation, build_federation, run_round
 from rayfl.metrics import Recorder
-from rayfl.split import SplitTask, TopServer
+from rayfl.algorithms.split import SplitTask, TopServer
 
 Progress = Callable[[Mapping[str, Any]], None]
 

@@ -22,7 +22,7 @@ from rayfl.algorithms.registry import Algorithm, register
 from rayfl.config import AlgorithmConfig
 from rayfl.models import build_model, to_torch
 from rayfl.models.layers import split
-from rayfl.split import SplitPolicy, SplitTask, TopServer
+from rayfl.algorithms.split import SplitPolicy, SplitTask, TopServer
 from rayfl.types import ClientId, Round
 
 
@@ -42,7 +42,7 @@ class SFLPolicy(SplitPolicy):
         model = build_model(self.config.model, self.context.input_shape, self.context.num_classes)
         model.load_state_dict(to_torch(state.weights))
         top = split(model, self.config.model.split_layer)[1]
-        return TopServer(top, self.top_lrs(tasks), self.config.algorithm.merge_features)
+        return TopServer(top, self.top_lrs(tasks), self.config.algorithm.merge_features, self.context.seed, round)
 
     def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
         """The top model's learning rate(s) for the round: `federation.lr` for every step."""

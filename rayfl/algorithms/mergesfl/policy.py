@@ -7,7 +7,8 @@ sum d_i <= B / c (Eq. 10-12), seeded by participation priority (Eq. 13); the sel
 sizes are fine-tuned toward KL <= epsilon (Eq. 14) and scaled to fill the budget (Alg. 1 l.7).
 Training merges all workers' features into one top-model step per iteration and dispatches
 each worker the gradient of its own mean loss; worker i's learning rate is lr * d_i / D
-(proportional to its batch size) and bottom models are averaged weighted by d_i (Eq. 17).
+(proportional to its batch size), the top model's the same rule over the merged batch
+(`scale_top_lr`), and bottom models are averaged weighted by d_i (Eq. 17).
 
 Ablations: `merge_features: false` takes one top step per worker instead (no merging);
 `regulate_batch: false` gives every worker batch D (no Eq. 9, no fine-tuning); `kl_aware: false`
@@ -28,7 +29,7 @@ from rayfl.algorithms.mergesfl import control
 from rayfl.algorithms.registry import Algorithm, register
 from rayfl.algorithms.sfl import SFLConfig, SFLPolicy
 from rayfl.config import RunConfig
-from rayfl.split import SplitTask
+from rayfl.algorithms.split import SplitTask
 from rayfl.types import ClientId, Round
 
 
@@ -37,7 +38,7 @@ class MergeSFLConfig(SFLConfig):
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
     regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation: false)")
     kl_aware: bool = Field(True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)")
-    scale_top_lr: bool = Field(False, description="top-model lr proportional to the batch it steps on, as worker lrs (not in the paper)")
+    scale_top_lr: bool = Field(True, description="top-model lr proportional to the batch it steps on, as worker lrs (false: lr)")
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
     max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
     epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
@@ -117,9 +118,10 @@ class MergeSFLPolicy(SFLPolicy):
         ]
 
     def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
-        """With `scale_top_lr`, the worker rule lr_i = lr d_i / D applied to the top model's steps:
-        lr * sum_i d_i / D for a merged step, lr * d_i / D for worker i's own step. The paper is
-        silent on the top model's rate, so this is off by default."""
+        """With `scale_top_lr` (default), "learning rate proportional to batch size" applied to the
+        top model's steps as to the workers' (lr_i = lr d_i / D): lr * sum_i d_i / D for a merged
+        step, lr * d_i / D for worker i's own step. The paper states the rule for workers only;
+        `scale_top_lr: false` keeps the top model at `federation.lr`."""
         cfg, lr = self.config.algorithm, self.config.federation.lr
         if not cfg.scale_top_lr or not tasks:
             return super().top_lrs(tasks)

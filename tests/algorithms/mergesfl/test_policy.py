@@ -68,11 +68,12 @@ def test_regulation_lowers_kl_and_waiting_against_the_ablation(tmp_path):
     assert out["mergesfl"]["mean_wait_s"].mean() < 0.5 * out["no-regulation"]["mean_wait_s"].mean()
 
 
-def test_top_lr_scales_with_the_merged_batch_only_when_asked(fed):
+def test_top_lr_scales_with_the_batch_it_steps_on(fed):
     state = fed.policy.init_state(fed.initial_weights())
     tasks = fed.policy.configure(state, 1, [2, 5, 7])
-    assert fed.policy.top_lrs(tasks) == [0.05]  # the paper's default: federation.lr
-    sets = [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16", "algorithm.scale_top_lr=true"]
+    plain = build_federation(load_config(None, [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16", "algorithm.scale_top_lr=false"]))
+    assert plain.policy.top_lrs(tasks) == [0.05]  # federation.lr for every top step
+    sets = [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16"]
     merged = sum(t.batch_size for t in tasks)
     assert build_federation(load_config(None, sets)).policy.top_lrs(tasks) == pytest.approx([0.05 * merged / 16])
     unmerged = build_federation(load_config(None, [*sets, "algorithm.merge_features=false"])).policy

@@ -123,18 +123,22 @@ class TopServer:
     """The top model on the coordinator for one round: merged or per-worker steps. `lrs` gives
     the merged step's rate (one value) or each worker's step's rate (one per worker, in order)."""
 
-    def __init__(self, top: nn.Module, lrs: Sequence[float], merge: bool):
+    def __init__(self, top: nn.Module, lrs: Sequence[float], merge: bool, seed: int, round: Round):
         self.top = top.train()
         self.optimizer = torch.optim.SGD(top.parameters(), lr=lrs[0])
         self.lrs = list(lrs)
         self.merge = merge
+        self.seed, self.round, self.iteration = seed, round, 0
 
     def step(self, features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> tuple[list[float], list[torch.Tensor]]:
-        """One iteration: (each worker's loss, each worker's feature gradient)."""
-        if self.merge:
-            loss, grads = merged_step(self.top, self.optimizer, features, labels)
-            return [loss] * len(grads), grads
-        return unmerged_steps(self.top, self.optimizer, features, labels, self.lrs if len(self.lrs) == len(features) else None)
+        """One iteration: (each worker's loss, each worker's feature gradient). The top model's
+        random draws (dropout) are keyed by (seed, round, iteration)."""
+        self.iteration += 1
+        with rng.seeded_torch(self.seed, "top-model", self.round, self.iteration):
+            if self.merge:
+                loss, grads = merged_step(self.top, self.optimizer, features, labels)
+                return [loss] * len(grads), grads
+            return unmerged_steps(self.top, self.optimizer, features, labels, self.lrs if len(self.lrs) == len(features) else None)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.top.state_dict().items()}

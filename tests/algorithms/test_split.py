@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rayfl.split import bottom_step, merged_step, unmerged_steps
+from rayfl.algorithms.split import bottom_step, merged_step, unmerged_steps
 
 
 def test_merged_gradients_are_each_workers_own_mean_loss_gradient():
@@ -76,3 +76,20 @@ def test_unmerged_steps_use_each_workers_rate():
         with torch.no_grad():
             twin.weight -= lr * twin.weight.grad
     torch.testing.assert_close(top.weight, twin.weight)
+
+
+def test_top_server_dropout_is_keyed_by_seed_round_and_iteration():
+    from rayfl.algorithms.split import TopServer
+
+    def run(seed):
+        torch.manual_seed(0)
+        top = nn.Sequential(nn.Dropout(0.5), nn.Linear(4, 2))
+        server = TopServer(top, [0.1], merge=True, seed=seed, round=3)
+        feats, labels = [torch.ones(8, 4)], [torch.zeros(8, dtype=torch.long)]
+        torch.manual_seed(123)  # the caller's global RNG state must not matter
+        return [server.step(feats, labels)[1][0] for _ in range(2)]
+
+    a, b, c = run(0), run(0), run(1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], a[1])  # a fresh mask each iteration
+    assert not torch.equal(a[0], c[0])
