@@ -13,10 +13,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from rayfl.config import ConfigError, RunConfig, to_dict
-from rayfl.data import load_dataset
-from rayfl.engine import build_federation
-from rayfl.runner import Progress, new_run_dir
+from .config import ConfigError, RunConfig, to_dict
+from .data import load_dataset
+from .engine import build_federation
+from .runner import Progress, new_run_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

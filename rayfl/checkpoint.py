@@ -15,9 +15,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import ServerState
-from rayfl.algorithms.server_opt import ServerOptState
-from rayfl.config import ConfigError
+from .algorithms.base import ServerState
+from .algorithms.server_opt import ServerOptState
+from .config import ConfigError
 
 FOLDER = "checkpoints"
 

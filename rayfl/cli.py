@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from rayfl.config import ConfigError, apply_overrides, load_config, parse_config
+from .config import ConfigError, apply_overrides, load_config, parse_config
 
 
 class ProgressBar:
@@ -50,7 +50,7 @@ def _config(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
-    from rayfl.runner import new_run_dir, run_local
+    from .runner import new_run_dir, run_local
 
     run_dir = Path(args.resume or args.out or new_run_dir(config))
     resume = bool(args.resume)
@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.local:
             summary = run_local(config, run_dir, progress=bar, resume=resume)
         else:
-            from rayfl import api
+            from . import api
 
             summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
     finally:
@@ -70,10 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rayfl.algorithms import registry as algorithms
-    from rayfl.data import sources
-    from rayfl.devices import builtin_profiles, load_profile
-    from rayfl.models import families
+    from .algorithms import registry as algorithms
+    from .data import sources
+    from .devices import builtin_profiles, load_profile
+    from .models import families
 
     print("algorithms:")
     for name, alg in sorted(algorithms.algorithms().items()):
@@ -94,7 +94,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rayfl.metrics import plot_runs
+    from .metrics import plot_runs
 
     out = Path(args.out) if args.out else Path(args.run_dirs[0])
     for path in plot_runs(args.run_dirs, out):
@@ -103,7 +103,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from rayfl import api
+    from . import api
 
     config = _config(args)
     address = api.validate_address(args.address)

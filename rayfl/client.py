@@ -15,15 +15,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from rayfl import rng
-from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
-from rayfl.config import RunConfig
-from rayfl.devices.cost import nbytes
-from rayfl.models import ModelCache, to_torch
-from rayfl.models.layers import split
-from rayfl.algorithms.split import SplitSession, SplitTask
-from rayfl.types import Weights
+from . import rng
+from .algorithms import registry
+from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
+from .config import RunConfig
+from .devices.cost import nbytes
+from .models import ModelCache, to_torch
+from .models.layers import split
+from .algorithms.split import SplitSession, SplitTask
+from .types import Weights
 
 TORCH_THREADS = 1
 """Client training and evaluation run with a fixed torch thread count, so results do not

@@ -214,8 +214,8 @@ def _section(raw: Mapping[str, Any], name: str, lookup) -> BaseModel:
 
 def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     """Validate a raw mapping (from YAML) into a `RunConfig`; raise `ConfigError` naming the key."""
-    from rayfl.algorithms import registry as algorithms
-    from rayfl.models import registry as models
+    from .algorithms import registry as algorithms
+    from .models import registry as models
 
     raw = dict(raw or {})
     if not all(isinstance(k, str) for k in raw):

@@ -16,18 +16,18 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from rayfl import rng
-from rayfl.algorithms import registry
-from rayfl.algorithms.aggregate import invalid_reason
-from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
-from rayfl.client import to_numpy
-from rayfl.evaluate import Evaluator
-from rayfl.algorithms.split import SplitPolicy, SplitTask, TopServer
-from rayfl.models import ModelCache
-from rayfl.config import ModelConfig, RunConfig
-from rayfl.data import Dataset, Partition, load_dataset, partition
-from rayfl.devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, round_duration
-from rayfl.types import Round
+from . import rng
+from .algorithms import registry
+from .algorithms.aggregate import invalid_reason
+from .algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .client import to_numpy
+from .evaluate import Evaluator
+from .algorithms.split import SplitPolicy, SplitTask, TopServer
+from .models import ModelCache
+from .config import ModelConfig, RunConfig
+from .data import Dataset, Partition, load_dataset, partition
+from .devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, round_duration
+from .types import Round
 
 
 class Executor(Protocol):

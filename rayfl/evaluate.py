@@ -8,10 +8,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfl.config import ModelConfig
-from rayfl.data import Dataset
-from rayfl.models import ModelCache
-from rayfl.types import Weights
+from .config import ModelConfig
+from .data import Dataset
+from .models import ModelCache
+from .types import Weights
 
 
 class Evaluator:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from rayfl.config import ConfigError
+from .config import ConfigError
 
 METRICS_COLUMNS = (
     "round",

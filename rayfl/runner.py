@@ -15,13 +15,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from rayfl import checkpoint
-from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
-from rayfl.client import TORCH_THREADS, ClientRunner
-from rayfl.config import RunConfig, dump_config
-from rayfl.engine import Executor, Federation, build_federation, run_round
-from rayfl.metrics import Recorder
-from rayfl.algorithms.split import SplitTask, TopServer
+from . import checkpoint
+from .algorithms.base import ClientFailure, ClientResult, ClientTask
+from .client import TORCH_THREADS, ClientRunner
+from .config import RunConfig, dump_config
+from .engine import Executor, Federation, build_federation, run_round
+from .metrics import Recorder
+from .algorithms.split import SplitTask, TopServer
 
 Progress = Callable[[Mapping[str, Any]], None]
 

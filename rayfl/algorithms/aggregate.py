@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rayfl.types import Weights
+from ..types import Weights
 
 
 class AggregationError(ValueError):

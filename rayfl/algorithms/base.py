@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rayfl import rng
-from rayfl.config import ModelConfig, RunConfig
-from rayfl.devices.cost import ModelCost, Pace, nbytes
-from rayfl.devices.profile import DeviceState
-from rayfl.types import ClientId, Round, Weights
+from .. import rng
+from ..config import ModelConfig, RunConfig
+from ..devices.cost import ModelCost, Pace, nbytes
+from ..devices.profile import DeviceState
+from ..types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
-    from rayfl.evaluate import Evaluator
+    from ..evaluate import Evaluator
 
 
 @dataclass(frozen=True)

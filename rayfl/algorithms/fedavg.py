@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from rayfl.algorithms import aggregate, server_opt
-from rayfl.algorithms.base import ClientProcedure, ClientResult, ClientTask, LocalState, ServerPolicy, ServerState
-from rayfl.algorithms.registry import Algorithm, register
-from rayfl.config import AlgorithmConfig
-from rayfl.types import Round, Weights
+from . import aggregate, server_opt
+from .base import ClientProcedure, ClientResult, ClientTask, LocalState, ServerPolicy, ServerState
+from .registry import Algorithm, register
+from ..config import AlgorithmConfig
+from ..types import Round, Weights
 
 
 class FedAvgConfig(AlgorithmConfig):

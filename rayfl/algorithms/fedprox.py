@@ -11,9 +11,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from rayfl.algorithms.base import ClientTask, LocalState
-from rayfl.algorithms.fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
-from rayfl.algorithms.registry import Algorithm, register
+from .base import ClientTask, LocalState
+from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
+from .registry import Algorithm, register
 
 
 class FedProxConfig(FedAvgConfig):

@@ -31,16 +31,16 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
 
-from rayfl import rng
-from rayfl.algorithms import aggregate
-from rayfl.algorithms.base import ClientResult, ClientTask, FederationContext, LocalState, ServerPolicy, ServerState
-from rayfl.algorithms.fedavg import FedAvgClient
-from rayfl.algorithms.registry import Algorithm, register
-from rayfl.config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
-from rayfl.evaluate import Evaluator, scores
-from rayfl.models import build_model
-from rayfl.models.layers import ScaledConfig
-from rayfl.types import ClientId, Round
+from .. import rng
+from . import aggregate
+from .base import ClientResult, ClientTask, FederationContext, LocalState, ServerPolicy, ServerState
+from .fedavg import FedAvgClient
+from .registry import Algorithm, register
+from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
+from ..evaluate import Evaluator, scores
+from ..models import build_model
+from ..models.layers import ScaledConfig
+from ..types import ClientId, Round
 
 RATES = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
 _MIX = re.compile(r"^[a-e]\d+(-[a-e]\d+)*$")

@@ -18,12 +18,12 @@ from typing import Sequence
 import numpy as np
 from pydantic import Field
 
-from rayfl import rng
-from rayfl.algorithms.base import ClientResult, ServerState
-from rayfl.algorithms.fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
-from rayfl.algorithms.registry import Algorithm, register
-from rayfl.devices.cost import client_time, nbytes
-from rayfl.types import ClientId, Round, Weights
+from .. import rng
+from .base import ClientResult, ServerState
+from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
+from .registry import Algorithm, register
+from ..devices.cost import client_time, nbytes
+from ..types import ClientId, Round, Weights
 
 
 class PyramidFLConfig(FedAvgConfig):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from rayfl.config import AlgorithmConfig
+from ..config import AlgorithmConfig
 
 if TYPE_CHECKING:
-    from rayfl.algorithms.base import ClientProcedure, ServerPolicy
+    from .base import ClientProcedure, ServerPolicy
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from typing import Sequence
 
 from pydantic import Field
 
-from rayfl.algorithms import aggregate
-from rayfl.algorithms.base import ClientProcedure, ClientResult, ClientTask, ServerState
-from rayfl.algorithms.registry import Algorithm, register
-from rayfl.config import AlgorithmConfig
-from rayfl.models import build_model, to_torch
-from rayfl.models.layers import split
-from rayfl.algorithms.split import SplitPolicy, SplitTask, TopServer
-from rayfl.types import ClientId, Round
+from . import aggregate
+from .base import ClientProcedure, ClientResult, ClientTask, ServerState
+from .registry import Algorithm, register
+from ..config import AlgorithmConfig
+from ..models import build_model, to_torch
+from ..models.layers import split
+from .split import SplitPolicy, SplitTask, TopServer
+from ..types import ClientId, Round
 
 
 class SFLConfig(AlgorithmConfig):

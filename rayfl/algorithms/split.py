@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rayfl import rng
-from rayfl.algorithms.base import ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
-from rayfl.config import ConfigError, RunConfig
-from rayfl.devices.cost import measure, nbytes
-from rayfl.models.layers import SplitConfig, split
-from rayfl.models.registry import build_model
-from rayfl.types import Round
+from .. import rng
+from .base import ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from ..config import ConfigError, RunConfig
+from ..devices.cost import measure, nbytes
+from ..models.layers import SplitConfig, split
+from ..models.registry import build_model
+from ..types import Round
 
 
 def merged_step(

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfl import rng
-from rayfl.config import (
+from .. import rng
+from ..config import (
     ConfigError,
     DataConfig,
     DirichletPartition,
@@ -21,7 +21,7 @@ from rayfl.config import (
     NonIidLevelPartition,
     ShardsPartition,
 )
-from rayfl.data.sources import Dataset
+from .sources import Dataset
 
 _MAX_DRAWS = 1000
 

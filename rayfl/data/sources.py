@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from rayfl import rng
-from rayfl.config import ConfigError, DataConfig
+from .. import rng
+from ..config import ConfigError, DataConfig
 
 
 @dataclass(frozen=True, eq=False)

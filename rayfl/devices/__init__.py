@@ -1,7 +1,7 @@
 """Device populations and the cost model of the virtual clock (Ray-free)."""
 
-from rayfl.devices.cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
-from rayfl.devices.profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile
+from .cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
+from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile
 
 __all__ = [
     "CostCache",

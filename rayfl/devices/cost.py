@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from rayfl.devices.profile import DeviceState
+from .profile import DeviceState
 
 _PROBE_BATCH = 2  # batch norm cannot train on one sample; FLOPs are linear in the batch
 

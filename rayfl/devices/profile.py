@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
-from rayfl import rng
-from rayfl.config import ConfigError, Strict, format_error, read_yaml
+from .. import rng
+from ..config import ConfigError, Strict, format_error, read_yaml
 
 
 class DeviceClass(Strict):

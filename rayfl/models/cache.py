@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from rayfl.config import ModelConfig
-from rayfl.models.registry import build_model
-from rayfl.types import Weights
+from ..config import ModelConfig
+from .registry import build_model
+from ..types import Weights
 
 
 def to_torch(weights: Weights) -> dict[str, torch.Tensor]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from torch import nn
 
-from rayfl.models.layers import ScaledConfig, Scaler, make_norm, require_input, scaled
-from rayfl.models.registry import register
+from .layers import ScaledConfig, Scaler, make_norm, require_input, scaled
+from .registry import register
 
 
 class Cnn1dConfig(ScaledConfig):

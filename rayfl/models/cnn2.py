@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from rayfl.models.layers import SplitConfig, WidthConfig, require_input, scaled
-from rayfl.models.registry import register
+from .layers import SplitConfig, WidthConfig, require_input, scaled
+from .registry import register
 
 
 class Cnn2Config(WidthConfig, SplitConfig):

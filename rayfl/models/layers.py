@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from rayfl.config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig
 
 Norm = Literal["bn", "sbn", "gn", "in", "ln", "none"]
 

@@ -7,8 +7,8 @@ import math
 from pydantic import Field
 from torch import nn
 
-from rayfl.models.layers import Norm, ScaledConfig, Scaler, make_norm, scaled
-from rayfl.models.registry import register
+from .layers import Norm, ScaledConfig, Scaler, make_norm, scaled
+from .registry import register
 
 
 class MlpConfig(ScaledConfig):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rayfl.models.layers import ScaledConfig, Scaler, make_norm, require_input, scaled
-from rayfl.models.registry import register
+from .layers import ScaledConfig, Scaler, make_norm, require_input, scaled
+from .registry import register
 
 HIDDEN = (64, 128, 256, 512)
 STRIDES = (1, 2, 2, 2)

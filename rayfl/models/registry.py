@@ -7,7 +7,7 @@ from typing import Callable
 
 from torch import nn
 
-from rayfl.config import ModelConfig
+from ..config import ModelConfig
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 

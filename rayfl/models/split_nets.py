@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from rayfl.models.layers import SplitConfig, require_input
-from rayfl.models.registry import register
+from .layers import SplitConfig, require_input
+from .registry import register
 
 
 class AlexNetConfig(SplitConfig):

@@ -23,14 +23,14 @@ from typing import Sequence
 import numpy as np
 from pydantic import Field
 
-from rayfl import rng
-from rayfl.algorithms.base import ClientProcedure, ClientTask, FederationContext, ServerState
-from rayfl.algorithms.mergesfl import control
-from rayfl.algorithms.registry import Algorithm, register
-from rayfl.algorithms.sfl import SFLConfig, SFLPolicy
-from rayfl.config import RunConfig
-from rayfl.algorithms.split import SplitTask
-from rayfl.types import ClientId, Round
+from ... import rng
+from ..base import ClientProcedure, ClientTask, FederationContext, ServerState
+from . import control
+from ..registry import Algorithm, register
+from ..sfl import SFLConfig, SFLPolicy
+from ...config import RunConfig
+from ..split import SplitTask
+from ...types import ClientId, Round
 
 
 class MergeSFLConfig(SFLConfig):
