@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -128,6 +128,22 @@ class FederationConfig(Strict):
 
 class DevicesConfig(Strict):
     profile: str = Field("jetson", description="a built-in profile name or a path to a profile YAML")
+    mix: str | None = Field(
+        None,
+        description="class proportions replacing the profile's, in its class order, e.g. '1:2:7' (weak:medium:strong)",
+    )
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parts = [float(x) for x in v.split(":")]
+            except ValueError:
+                parts = []
+            if not parts or any(x < 0 for x in parts) or sum(parts) <= 0:
+                raise ValueError(f"write a mix like '1:2:7': non-negative numbers joined by ':', not all zero (got {v!r})")
+        return v
 
 
 class RayConfig(Strict):

@@ -1,7 +1,7 @@
 """Device populations and the cost model of the virtual clock (Ray-free)."""
 
 from .cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
-from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile
+from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile, with_mix
 
 __all__ = [
     "CostCache",
@@ -16,4 +16,5 @@ __all__ = [
     "measure",
     "nbytes",
     "round_duration",
+    "with_mix",
 ]

@@ -20,7 +20,13 @@ class DeviceClass(Strict):
     proportion: float = Field(gt=0, description="share of clients of this class (normalised over classes)")
     flops: list[float] = Field(min_length=1, description="effective training FLOP/s of each mode")
     memory_mb: float = Field(gt=0, description="memory budget for training, MiB")
-    bandwidth_mbps: tuple[float, float] = Field(description="[low, high]: link speed drawn each round, Mb/s")
+    bandwidth_mbps: tuple[float, float] = Field(description="[low, high]: the range of link speeds, Mb/s")
+    bandwidth_jitter: float | None = Field(
+        None,
+        ge=0,
+        description="None: a link speed drawn uniformly in [low, high] every round; sigma: each client keeps "
+        "a level drawn once in [low, high] and each round scales it by exp(sigma N(0, 1)), clipped to [low, high]",
+    )
     latency_ms: float = Field(0.0, ge=0, description="one-way latency added per exchange, ms")
     availability: float = Field(1.0, gt=0, le=1, description="chance of being online in a round")
 
@@ -60,6 +66,19 @@ def load_profile(spec: str) -> DeviceProfile:
         raise ConfigError(f"{path}: {format_error(exc, raw)}") from None
 
 
+def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:
+    """The profile with its class proportions replaced by `mix` ('1:2:7', one number per class in
+    the profile's order; a class at 0 is left out), so a budget mix is searchable like any number."""
+    if mix is None:
+        return profile
+    shares = [float(x) for x in mix.split(":")]
+    if len(shares) != len(profile.classes):
+        names = ":".join(c.name for c in profile.classes)
+        raise ConfigError(f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})")
+    classes = [c.model_copy(update={"proportion": s}) for c, s in zip(profile.classes, shares) if s > 0]
+    return profile.model_copy(update={"classes": classes})
+
+
 @dataclass(frozen=True)
 class DeviceState:
     """What a client's device offers in one round."""
@@ -77,7 +96,8 @@ class Population:
 
     Classes are dealt in exact proportions (largest remainder), then shuffled over clients
     by (seed, "devices"). A client's mode is keyed by (seed, round // mode_period, client,
-    "mode"); its bandwidth and availability by (seed, round, client, purpose).
+    "mode"); its bandwidth and availability by (seed, round, client, purpose), and, with
+    `bandwidth_jitter`, its bandwidth level by (seed, client, "bandwidth-level").
     """
 
     def __init__(self, profile: DeviceProfile, num_clients: int, seed: int):
@@ -97,8 +117,7 @@ class Population:
         cls = self.device_class(client)
         epoch = round // self.profile.mode_period if self.profile.mode_period else 0
         mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
-        low, high = cls.bandwidth_mbps
-        mbps = rng.generator(self.seed, "bandwidth", round, client).uniform(low, high)
+        mbps = self._bandwidth_mbps(cls, client, round)
         online = cls.availability >= 1 or rng.generator(self.seed, "availability", round, client).random() < cls.availability
         return DeviceState(
             device=cls.name,
@@ -108,6 +127,14 @@ class Population:
             latency_s=cls.latency_ms / 1e3,
             available=bool(online),
         )
+
+    def _bandwidth_mbps(self, cls: DeviceClass, client: int, round: int) -> float:
+        low, high = cls.bandwidth_mbps
+        draw = rng.generator(self.seed, "bandwidth", round, client)
+        if cls.bandwidth_jitter is None:
+            return float(draw.uniform(low, high))
+        level = rng.generator(self.seed, "bandwidth-level", client=client).uniform(low, high)
+        return float(np.clip(level * np.exp(cls.bandwidth_jitter * draw.standard_normal()), low, high))
 
     def available(self, round: int) -> list[int]:
         if all(c.availability >= 1 for c in self.profile.classes):

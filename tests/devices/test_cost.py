@@ -2,10 +2,11 @@
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
-from rayfl.config import ConfigError
-from rayfl.devices import DeviceProfile, Population, client_time, load_profile, round_duration
+from rayfl.config import ConfigError, parse_config
+from rayfl.devices import DeviceProfile, Population, client_time, load_profile, round_duration, with_mix
 
 HAND = {
     "name": "hand",
@@ -41,13 +42,33 @@ def test_jetson_population_has_the_testbed_mix_and_a_100x_spread():
     assert all(1e6 <= pop.state(k, r).bandwidth_bps <= 30e6 for k in range(80) for r in range(1, 4))
 
 
-def test_modes_change_only_every_mode_period_rounds_and_bandwidth_every_round():
+def test_modes_change_only_every_mode_period_rounds():
     pop = Population(load_profile("jetson"), 80, seed=1)
     nx = [k for k in range(80) if pop.device_class(k).name == "nx"]
     same_epoch = all(pop.state(k, 20).flops == pop.state(k, 39).flops for k in nx)
     changed = sum(pop.state(k, 19).flops != pop.state(k, 20).flops for k in nx)
     assert same_epoch and changed > len(nx) // 2  # 8 modes: a re-draw keeps the mode 1/8 of the time
-    assert sum(pop.state(k, 5).bandwidth_bps != pop.state(k, 6).bandwidth_bps for k in nx) == len(nx)
+
+
+def _bandwidth_correlation(jitter: float | None) -> tuple[float, np.ndarray]:
+    """Across 200 clients: the correlation of round 5's and round 6's link speeds, and all of rounds 0-9."""
+    cls = {**HAND["classes"][0], "bandwidth_mbps": [1, 30], "bandwidth_jitter": jitter}
+    pop = Population(DeviceProfile.model_validate({**HAND, "classes": [cls]}), 200, seed=2)
+    mbps = np.array([[pop.state(k, r).bandwidth_bps / 1e6 for r in range(10)] for k in range(200)])
+    return float(np.corrcoef(mbps[:, 5], mbps[:, 6])[0, 1]), mbps
+
+
+def test_bandwidth_is_redrawn_every_round_without_jitter():
+    corr, mbps = _bandwidth_correlation(None)
+    assert abs(corr) < 0.2 and (mbps[:, 5] != mbps[:, 6]).all()
+    assert mbps.min() >= 1 and mbps.max() <= 30
+
+
+def test_bandwidth_jitter_keeps_each_clients_level():
+    # levels ~ U[1, 30] (sd 8.4) against a 20% jitter (sd ~3.1 at the mean level 15.5): corr ~ 0.88
+    corr, mbps = _bandwidth_correlation(0.2)
+    assert corr > 0.8 and (mbps[:, 5] != mbps[:, 6]).mean() > 0.9
+    assert mbps.min() >= 1 and mbps.max() <= 30
 
 
 def test_same_seed_same_devices():
@@ -70,3 +91,20 @@ def test_profile_errors_name_the_file_and_key(tmp_path):
         load_profile(str(path))
     with pytest.raises(ConfigError, match="devices.profile: 'nowhere' is neither"):
         load_profile("nowhere")
+
+
+def test_a_mix_replaces_the_class_proportions_and_drops_zero_classes():
+    jetson = load_profile("jetson")  # tx2 : nx : agx = 3 : 4 : 1
+    pop = Population(with_mix(jetson, "1:2:7"), 40, seed=0)
+    # 40 x (0.1, 0.2, 0.7) = 4, 8, 28 exactly
+    assert Counter(pop.device_class(k).name for k in range(40)) == {"tx2": 4, "nx": 8, "agx": 28}
+    pop = Population(with_mix(jetson, "0:1:1"), 10, seed=0)
+    assert Counter(pop.device_class(k).name for k in range(10)) == {"nx": 5, "agx": 5}
+    assert with_mix(jetson, None) is jetson
+
+
+def test_a_mix_of_the_wrong_length_or_shape_names_the_field():
+    with pytest.raises(ConfigError, match=r"devices.mix: '1:1' has 2 numbers; profile 'jetson' has 3 classes \(tx2:nx:agx\)"):
+        with_mix(load_profile("jetson"), "1:1")
+    with pytest.raises(ConfigError, match="devices.mix: .*'1:x:2'"):
+        parse_config({"devices": {"mix": "1:x:2"}})
