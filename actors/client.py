@@ -80,6 +80,7 @@ class ClientActor:
             "device": self.device,
             "torch_threads": torch.get_num_threads(),
             "gpu_ids": ctx.get_accelerator_ids().get("GPU", []),
+            "placement_group": ctx.get_placement_group_id(),
             "cuda_memory_fraction": torch.cuda.get_per_process_memory_fraction(0) if self.device == "cuda" else None,
         }
 

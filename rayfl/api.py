@@ -21,7 +21,7 @@ from .runner import Progress, new_run_dir
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _connect(address: str | None, dashboard: bool) -> bool:
+def connect(address: str | None, dashboard: bool) -> bool:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster sized to the machine, with the
     dashboard on 127.0.0.1 if asked. Returns whether this call connected (and should disconnect)."""
     import ray
@@ -41,9 +41,11 @@ def run(
     address: str | None = None,
     progress: Progress | None = None,
     resume: bool = False,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Run one federation on Ray: a coordinator actor and client actors; returns the summary.
-    With `resume`, continue RUN_DIR from its newest checkpoint.
+    With `resume`, continue RUN_DIR from its newest checkpoint. Actors are named after `run_id`
+    (default: RUN_DIR's name).
 
     Everything that can be wrong with the input (dataset, partition, model, device profile) is
     checked before Ray starts. The dataset enters the object store once.
@@ -51,13 +53,13 @@ def run(
     dataset = load_dataset(config.data, config.seed)
     fed = build_federation(config, dataset)  # validates partition, profile and model against the data
     run_dir = Path(run_dir or new_run_dir(config)).resolve()
-    run_id = run_dir.name
+    run_id = run_id or run_dir.name
 
     import ray
 
     from actors.coordinator import start_federation
 
-    connected = _connect(address or config.ray.address, config.ray.dashboard)
+    connected = connect(address or config.ray.address, config.ray.dashboard)
     coordinator = None
     try:
         coordinator = start_federation(config, dataset, fed.partition, str(run_dir), run_id)

@@ -61,9 +61,18 @@ def save(run_dir: str | Path, state: ServerState, virtual_time_s: float) -> Path
     return path
 
 
+def _paths(run_dir: str | Path) -> list[Path]:
+    return sorted((Path(run_dir) / FOLDER).glob("round_*.pt"))
+
+
+def exists(run_dir: str | Path) -> bool:
+    """Whether RUN_DIR holds a checkpoint to resume from."""
+    return bool(_paths(run_dir))
+
+
 def latest(run_dir: str | Path) -> tuple[ServerState, float]:
     """The newest checkpoint of a run: (server state, virtual time)."""
-    paths = sorted((Path(run_dir) / FOLDER).glob("round_*.pt"))
+    paths = _paths(run_dir)
     if not paths:
         raise ConfigError(f"--resume {run_dir}: no checkpoint under {Path(run_dir) / FOLDER}")
     data = torch.load(paths[-1], weights_only=True)

@@ -1,4 +1,4 @@
-"""Command line: `rayfl run | list | plot | submit` (console script `rayfl`, also `python -m rayfl`).
+"""Command line: `rayfl run | tune | list | plot | submit` (console script `rayfl`, also `python -m rayfl`).
 
 Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or file),
 1 on a failure during the run. No traceback unless `--debug`.
@@ -112,6 +112,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return api.wait(address, job_id) if args.wait else 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tune.run import run_experiment
+    from tune.spec import load_experiment
+
+    exp = load_experiment(args.tune, args.set)  # every search spec checked before Ray starts
+    out = run_experiment(exp, resume=args.resume, address=args.address)
+    table, best = out["table"], out["best"]
+    metric = f"final_{exp.spec.metric}"
+    print(table.drop(columns=["run_dir"]).to_string(index=False))
+    print(f"{exp.dir}: results.csv, results.parquet, trials.png")
+    if best is None:
+        print("no trial finished all its rounds: no best.yaml")
+        return 1
+    print(f"best trial {best['trial_id']}: {metric} {best[metric]:.4f}; config {exp.dir / 'best.yaml'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -134,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--out", help="RUN_DIR on the cluster (default runs/... in the job's working dir)")
     submit.add_argument("--wait", action="store_true", help="stream the job's logs and return its exit status")
     submit.set_defaults(func=cmd_submit)
+
+    tune = sub.add_parser("tune", help="search a federation's hyperparameters and device mixes with Ray Tune")
+    tune.add_argument("tune", metavar="TUNE", help="TUNE.yaml: a base run config, a search section, metric, scheduler")
+    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config")
+    tune.add_argument("--resume", action="store_true", help="restore the interrupted experiment and finish it")
+    tune.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    tune.set_defaults(func=cmd_tune)
 
     sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)
 

@@ -264,13 +264,23 @@ def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, A
     out: dict[str, Any] = _copy(raw)
     for text in overrides:
         parts, value = parse_override(text)
+        out = set_values(out, {".".join(parts): value}, "--set ")
+    return out
+
+
+def set_values(raw: Mapping[str, Any], values: Mapping[str, Any], label: str = "") -> dict[str, Any]:
+    """Set dotted keys (`federation.lr`) to values in a copy of a raw mapping; errors start with
+    `label` and name the key."""
+    out: dict[str, Any] = _copy(raw)
+    for key, value in values.items():
+        parts = key.split(".")
         node = out
         for depth, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {'.'.join(parts)}: {'.'.join(parts[: depth + 1])} is not a mapping")
+                raise ConfigError(f"{label}{key}: {'.'.join(parts[: depth + 1])} is not a mapping")
             node = child
         node[parts[-1]] = value
     return out

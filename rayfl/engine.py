@@ -26,7 +26,7 @@ from .algorithms.split import SplitPolicy, SplitTask, TopServer
 from .models import ModelCache
 from .config import ModelConfig, RunConfig
 from .data import Dataset, Partition, load_dataset, partition
-from .devices import CostCache, ModelCost, Pace, Population, client_time, load_profile, round_duration, with_mix
+from .devices import CostCache, ModelCost, Pace, Population, client_time, configured_profile, round_duration
 from .types import Round
 
 
@@ -66,8 +66,7 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
     """Load data, partition it, deal devices, build the policy: everything but the executor."""
     dataset = dataset if dataset is not None else load_dataset(config.data, config.seed)
     parts = partition(dataset, config.data, config.seed)
-    profile = with_mix(load_profile(config.devices.profile), config.devices.mix)
-    population = Population(profile, config.data.num_clients, config.seed)
+    population = Population(configured_profile(config.devices), config.data.num_clients, config.seed)
     models = ModelCache(dataset.input_shape, dataset.num_classes)
     probe = models.build(config.model)
     costs = CostCache()

@@ -1,4 +1,5 @@
-"""Shared fixtures: datasets are loaded once per session."""
+"""Shared fixtures: datasets are loaded once per session; one local Ray cluster (2 CPUs, 2 logical
+GPUs, a small object store, no dashboard) for every test that asks for it."""
 
 import pytest
 
@@ -9,3 +10,21 @@ from rayfl.data import load_dataset
 @pytest.fixture(scope="session")
 def digits():
     return load_dataset(parse_config({}).data, seed=0)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        object_store_memory=200 * 1024**2,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,7 +1,7 @@
 """Device populations and the cost model of the virtual clock (Ray-free)."""
 
 from .cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
-from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, load_profile, with_mix
+from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, configured_profile, load_profile, with_mix
 
 __all__ = [
     "CostCache",
@@ -12,6 +12,7 @@ __all__ = [
     "Population",
     "builtin_profiles",
     "client_time",
+    "configured_profile",
     "load_profile",
     "measure",
     "nbytes",

@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from .. import rng
-from ..config import ConfigError, Strict, format_error, read_yaml
+from ..config import ConfigError, DevicesConfig, Strict, format_error, read_yaml
 
 
 class DeviceClass(Strict):
@@ -77,6 +77,11 @@ def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:
         raise ConfigError(f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})")
     classes = [c.model_copy(update={"proportion": s}) for c, s in zip(profile.classes, shares) if s > 0]
     return profile.model_copy(update={"classes": classes})
+
+
+def configured_profile(devices: DevicesConfig) -> DeviceProfile:
+    """The profile a `devices` config section asks for, with its mix applied."""
+    return with_mix(load_profile(devices.profile), devices.mix)
 
 
 @dataclass(frozen=True)

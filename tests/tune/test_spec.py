@@ -1,0 +1,93 @@
+"""TUNE.yaml checks: every bad search spec fails before any trial, with one line naming the key."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from rayfl.cli import main
+from rayfl.config import ConfigError
+from tune.spec import load_experiment
+
+BASE = {"data": {"name": "digits", "num_clients": 4}, "federation": {"rounds": 2, "clients_per_round": 2}}
+
+
+def write(tmp_path, search, **extra):
+    import yaml
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"base": BASE, "search": search, "storage": str(tmp_path / "runs"), **extra}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "search, message",
+    [
+        ({"federation.lrr": {"grid": [0.1]}}, r"search.federation.lrr = 0.1: federation.lrr: unknown key"),
+        ({"federation.lr": {"grid": []}}, r"search.federation.lr: grid needs a non-empty list of values"),
+        ({"federation.lr": {"normal": [0, 1]}}, r"search.federation.lr: write one of \{grid: ... \| choice: ..."),
+        ({"federation.lr": [0.1, 0.2]}, r"search.federation.lr: write one of"),
+        ({"federation.lr": {"uniform": [0.2, 0.1]}}, r"search.federation.lr: uniform needs low < high, got \[0.2, 0.1\]"),
+        ({"federation.lr": {"loguniform": [0, 0.1]}}, r"search.federation.lr: loguniform needs low > 0"),
+        ({"federation.rounds": {"randint": [1.5, 4]}}, r"search.federation.rounds: randint needs integer bounds"),
+        ({"federation.lr": {"grid": [0.1, -1]}}, r"search.federation.lr = -1: federation.lr: Input should be greater than 0"),
+        ({"devices.mix": {"choice": ["1:1:1", "1:2"]}}, r"search.devices.mix = '1:2': devices.mix: '1:2' has 2 numbers"),
+        ({"algorithm.levels": {"grid": ["a1-b1"]}}, r"search.algorithm.levels = 'a1-b1': algorithm.levels: unknown key"),
+    ],
+)
+def test_bad_search_specs_fail_before_any_trial_with_one_line(tmp_path, capsys, search, message):
+    path = write(tmp_path, search)
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(path)
+    assert main(["tune", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rayfl: error: ") and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_metric_and_search_algorithm_checks(tmp_path):
+    good = {"federation.lr": {"grid": [0.1]}}
+    with pytest.raises(ConfigError, match="metric: 'accuracy' is not one of test_accuracy"):
+        load_experiment(write(tmp_path, good, metric="accuracy"))
+    with pytest.raises(ConfigError, match="time_to_target_s needs federation.target_accuracy"):
+        load_experiment(write(tmp_path, good, metric="time_to_target_s"))
+    with pytest.raises(ConfigError, match=r"search_alg: optuna needs the package 'optuna': pip install optuna"):
+        load_experiment(write(tmp_path, good, search_alg="optuna"))
+
+
+def test_a_good_spec_resolves_domains_defaults_and_base_overrides(tmp_path):
+    exp = load_experiment(
+        write(tmp_path, {"federation.lr": {"loguniform": [0.01, 0.1]}, "devices.mix": {"grid": ["1:1:1", "0:0:1"]}}, metric="test_loss"),
+        ["federation.rounds=3"],
+    )
+    assert exp.domains == {"federation.lr": ("loguniform", [0.01, 0.1]), "devices.mix": ("grid", ["1:1:1", "0:0:1"])}
+    assert exp.spec.direction == "min"  # test_loss's natural direction
+    assert exp.base_config.federation.rounds == 3 and exp.base_config.federation.lr == 0.01
+    assert exp.dir == (tmp_path / "runs" / "exp").resolve()
+
+
+def test_time_to_target_is_the_first_virtual_time_at_the_target_across_a_resume(monkeypatch):
+    from tune import run as tune_run
+
+    reported = []
+    monkeypatch.setattr(tune_run.tune, "report", reported.append)
+    nan = math.nan
+    # rounds 1-2 ran before the interruption; accuracy 0.85 >= 0.8 first at round 2 (virtual 20 s)
+    history = pd.DataFrame({"round": [1, 2, 3], "test_accuracy": [0.5, 0.85, 0.9], "virtual_time_s": [10.0, 20.0, 30.0]})
+    report = tune_run.Reporter(0.8, history)
+    report({"round": 3, "test_accuracy": 0.7, "virtual_time_s": 31.0})
+    report({"round": 4, "test_accuracy": nan, "virtual_time_s": 40.0})  # not evaluated: not reported
+    assert [(r["round"], r["time_to_target_s"]) for r in reported] == [(3, 20.0)]
+    fresh = tune_run.Reporter(0.8)
+    fresh({"round": 1, "test_accuracy": 0.7, "virtual_time_s": 5.0})
+    fresh({"round": 2, "test_accuracy": 0.81, "virtual_time_s": 9.0})
+    assert [r["time_to_target_s"] for r in reported[1:]] == [math.inf, 9.0]
+
+
+def test_each_client_actor_gets_one_bundle_sized_to_it():
+    from rayfl.config import parse_config
+    from tune.run import bundles
+
+    cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})
+    assert bundles(cfg, 0.0) == [{"CPU": 0.0}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
+    assert bundles(parse_config({}), 0.5) == [{"CPU": 0.5}, {"CPU": 1.0}]  # num_actors auto: 1 in a trial

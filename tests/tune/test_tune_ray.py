@@ -1,0 +1,128 @@
+"""Tune over federations on the session's 2-CPU Ray cluster: ASHA, placement groups, best re-run."""
+
+import json
+import threading
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from rayfl.cli import main
+from rayfl.config import ConfigError
+from tune.run import run_experiment
+from tune.spec import load_experiment
+
+pytestmark = pytest.mark.ray
+
+BASE = {
+    "data": {"name": "digits", "num_clients": 10, "partition": {"kind": "iid"}},
+    "model": {"name": "cnn"},
+    "federation": {"rounds": 4, "clients_per_round": 4, "batch_size": 10, "lr": 0.05, "eval_batch_size": 1000},
+    "ray": {"num_actors": 1, "cpus_per_actor": 1},
+}
+
+
+def experiment(tmp_path, name, search, **extra):
+    path = tmp_path / f"{name}.yaml"
+    spec = {"base": BASE, "search": search, "storage": str(tmp_path / "runs"), "max_concurrent_trials": 2, **extra}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster, tmp_path, capsys):
+    # Two learning rates that learn and two that cannot move off chance (10 classes: ~0.1) in 2
+    # rounds. ASHA has one rung (grace 2 x factor 2 < max_t 4: round 2) and stops a trial whose
+    # round-2 accuracy is below the median of those recorded there before it. The good trials
+    # start first (grid order, 2 at a time) and one of them may stop the other; a poor trial starts
+    # only after a good one has left, so both good values are recorded and it is stopped.
+    path = experiment(
+        tmp_path,
+        "asha",
+        {"federation.lr": {"grid": [0.1, 0.08, 1e-5, 2e-5]}},
+        scheduler={"name": "asha", "grace_period": 2, "reduction_factor": 2},
+    )
+    exp = load_experiment(path)
+    out = run_experiment(exp, verbose=0)
+    table = out["table"]
+    assert len(table) == 4 and (table["error"] == "").all()
+    by_lr = table.set_index("federation.lr")
+    assert by_lr.loc[[1e-5, 2e-5], "stopped_early"].all() and (by_lr.loc[[1e-5, 2e-5], "rounds"] == 2).all()
+    good = by_lr.loc[[0.1, 0.08]]
+    assert (~good["stopped_early"]).sum() >= 1 and set(good["rounds"]) <= {2, 4}
+    at_rung = {lr: pd.read_parquet(f"{d}/metrics.parquet").set_index("round").loc[2, "test_accuracy"] for lr, d in by_lr["run_dir"].items()}
+    leader = max(at_rung, key=at_rung.get)
+    assert not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 4  # ASHA never stops the rung leader
+    assert pd.read_parquet(exp.dir / "results.parquet").equals(pd.read_csv(exp.dir / "results.csv", keep_default_na=False))
+    assert (exp.dir / "trials.png").stat().st_size > 0
+
+    best = out["best"]
+    finished = table[~table["stopped_early"]]
+    assert best["final_test_accuracy"] == finished["final_test_accuracy"].max() and best["federation.lr"] in (0.1, 0.08)
+    run_metrics = pd.read_parquet(f"{best['run_dir']}/metrics.parquet")  # the trial's own RUN_DIR, under the experiment
+    assert run_metrics["test_accuracy"].iloc[-1] == best["final_test_accuracy"] and len(run_metrics) == 4
+
+    # `rayfl run best.yaml` (on Ray, as a user would) gives the trial's final metric exactly.
+    assert main(["run", str(exp.dir / "best.yaml"), "--out", str(tmp_path / "rerun")]) == 0
+    summary = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    assert summary["final_test_accuracy"] == best["final_test_accuracy"]
+
+    # The same experiment again is refused; Tune's restore of a finished one re-runs nothing.
+    with pytest.raises(ConfigError, match="exists; pass --resume"):
+        run_experiment(exp, verbose=0)
+    again = run_experiment(exp, resume=True, verbose=0)["table"]
+    pd.testing.assert_frame_equal(again, table)
+
+
+def test_concurrent_trials_keep_their_client_actors_inside_their_placement_groups(ray_cluster, tmp_path):
+    ray = ray_cluster
+    # Each trial asks for 1 CPU of client actors (2 x 0.5) and nothing for its coordinator, so two
+    # trials fill the 2 CPUs and run at once.
+    path = experiment(
+        tmp_path,
+        "placed",
+        {"federation.lr": {"grid": [0.05, 0.1]}},
+        coordinator_cpus=0,
+    )
+    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6"])
+    samples, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen = {}
+            for actor in ray.util.list_named_actors(all_namespaces=True):
+                name = actor["name"]
+                if not (name.startswith("rayfl:placed-") and ":client-" in name):
+                    continue
+                try:
+                    info = ray.get(ray.get_actor(name, namespace=actor["namespace"]).info.remote(), timeout=10)
+                except Exception:  # the trial ended and killed it meanwhile
+                    continue
+                seen[name] = info["placement_group"]
+            if seen:
+                samples.append((seen, ray.util.placement_group_table()))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        table = run_experiment(exp, verbose=0)["table"]
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert len(table) == 2 and (table["error"] == "").all() and (table["rounds"] == 6).all()
+
+    trials_of = lambda seen: {name.split(":")[1] for name in seen}  # run ids: placed-<trial_id>
+    assert any(len(trials_of(seen)) == 2 for seen, _ in samples), "the two trials never ran at once"
+    group_of_trial = {}
+    for seen, groups in samples:
+        assert len(seen) <= 4  # 2 trials x 2 reserved client bundles
+        for name, pg in seen.items():
+            run_id = name.split(":")[1]
+            assert pg in groups  # (a finished trial's group may already read REMOVED here)
+            assert group_of_trial.setdefault(run_id, pg) == pg  # every client of a trial in that trial's group
+            bundles = list(groups[pg]["bundles"].values())
+            assert [b.get("CPU", 0) for b in bundles] == [0.5, 0.5]  # Tune leaves out the empty head bundle
+        for pg in set(seen.values()):
+            assert sum(1 for p in seen.values() if p == pg) <= 2  # never more clients than the group's bundles
+    assert len(group_of_trial) == 2 and len(set(group_of_trial.values())) == 2

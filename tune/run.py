@@ -1,0 +1,250 @@
+"""Ray Tune over federations: one trial = one federation on Ray, reported every evaluated round.
+
+A trial runs `rayfl.api.run` (the coordinator actor and its client actors, as `rayfl run` does)
+inside the trial's placement group: one bundle for the coordinator (`coordinator_cpus`, 0 by
+default, like `rayfl run`) and one bundle per client actor, sized exactly to
+`ray.cpus_per_actor` / `ray.gpus_per_actor` (`ray.num_actors: auto` means 1 actor in a trial).
+Tune captures every actor the trial creates into its group, so concurrent trials never take each
+other's clients and a trial starts only when all its bundles fit.
+
+Each trial keeps its RUN_DIR at `<experiment>/<trial_id>/run` (config.yaml, metrics.parquet,
+clients.parquet, checkpoints/). A restored experiment (`--resume`, Tune's `Tuner.restore`)
+re-runs unfinished trials, which continue from their RUN_DIR's newest checkpoint.
+
+After the search: `results.csv` / `results.parquet` (a row per trial: searched values, final and
+best metric, rounds run, stopped early, error, RUN_DIR), `best.yaml` (the best finished trial's
+run config, ready for `rayfl run`) and `trials.png` (the metric per trial over rounds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import yaml
+from ray import tune
+
+from rayfl import api, checkpoint
+from rayfl.config import ConfigError, RunConfig, to_dict
+from rayfl.metrics import read_metrics
+
+from .spec import Experiment, trial_config
+
+RUN = "run"
+"""A trial's RUN_DIR inside its trial dir."""
+
+
+def param_space(exp: Experiment) -> dict[str, Any]:
+    """Dotted key -> Tune domain."""
+    make = {
+        "grid": tune.grid_search,
+        "choice": tune.choice,
+        "uniform": lambda a: tune.uniform(*a),
+        "loguniform": lambda a: tune.loguniform(*a),
+        "randint": lambda a: tune.randint(*a),
+    }
+    return {key: make[kind](arg) for key, (kind, arg) in exp.domains.items()}
+
+
+def num_actors(config: RunConfig) -> int:
+    """Client actors of one trial: `ray.num_actors`, with `auto` read as 1."""
+    return 1 if config.ray.num_actors == "auto" else config.ray.num_actors
+
+
+def bundles(config: RunConfig, coordinator_cpus: float) -> list[dict[str, float]]:
+    """The trial's placement group: the coordinator's bundle, then one per client actor."""
+    client = {"CPU": config.ray.cpus_per_actor}
+    if config.ray.gpus_per_actor > 0:
+        client["GPU"] = config.ray.gpus_per_actor
+    return [{"CPU": coordinator_cpus}] + [dict(client) for _ in range(num_actors(config))]
+
+
+def trial_dirname(trial: Any) -> str:
+    return trial.trial_id
+
+
+class Reporter:
+    """Turns the federation's round rows into `tune.report` calls (evaluated rounds only), adding,
+    when `federation.target_accuracy` is set, `time_to_target_s`: the virtual time at which test
+    accuracy first reached it (infinite until then)."""
+
+    def __init__(self, target: float | None, history: pd.DataFrame | None = None):
+        self.target = target
+        self.reached = math.inf
+        self.history = history
+
+    def _reach(self, rows: pd.DataFrame) -> None:
+        if self.target is not None and math.isinf(self.reached):
+            hit = rows[rows["test_accuracy"] >= self.target]
+            if len(hit):
+                self.reached = float(hit["virtual_time_s"].iloc[0])
+
+    def __call__(self, row: Mapping[str, Any]) -> None:
+        if self.history is not None:  # a resumed trial: the rounds before this one
+            self._reach(self.history[self.history["round"] < row["round"]])
+            self.history = None
+        if math.isnan(row["test_accuracy"]):
+            return
+        self._reach(pd.DataFrame([row]))
+        metrics = {k: np.asarray(v).item() for k, v in row.items() if isinstance(v, (int, float, np.number))}
+        if self.target is not None:
+            metrics["time_to_target_s"] = self.reached
+        tune.report(metrics)
+
+
+def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str, coordinator_cpus: float) -> None:
+    """The trainable: one federation with the trial's values, on Ray, inside the trial's group."""
+    config = trial_config(base, params)
+    config = config.model_copy(update={"ray": config.ray.model_copy(update={"num_actors": num_actors(config)})})
+    trial_id = tune.get_context().get_trial_id()
+    run_dir = Path(experiment_dir) / trial_id / RUN
+    resume = checkpoint.exists(run_dir)
+    report = Reporter(config.federation.target_accuracy, read_metrics(run_dir) if resume else None)
+    api.run(config, run_dir, progress=report, resume=resume, run_id=f"{name}-{trial_id}")
+
+
+def trainable(exp: Experiment) -> Any:
+    """`run_trial` bound to the experiment, with each trial's placement group from its own config."""
+    fn = tune.with_parameters(
+        run_trial, base=exp.base, experiment_dir=str(exp.dir), name=exp.name, coordinator_cpus=exp.spec.coordinator_cpus
+    )
+    cpus = exp.spec.coordinator_cpus
+    return tune.with_resources(
+        fn, lambda params: tune.PlacementGroupFactory(bundles(trial_config(exp.base, params), cpus), strategy="PACK")
+    )
+
+
+def scheduler(exp: Experiment) -> Any:
+    if exp.spec.scheduler.name == "none":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    kind, arg = exp.domains.get("federation.rounds", ("grid", [exp.base_config.federation.rounds]))
+    max_t = max(arg) if kind in ("grid", "choice") else arg[1]
+    return ASHAScheduler(
+        time_attr="round",
+        max_t=max_t,
+        grace_period=exp.spec.scheduler.grace_period,
+        reduction_factor=exp.spec.scheduler.reduction_factor,
+    )
+
+
+def search_alg(exp: Experiment) -> Any:
+    if exp.spec.search_alg == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch()
+    if exp.spec.search_alg == "hyperopt":
+        from ray.tune.search.hyperopt import HyperOptSearch
+
+        return HyperOptSearch()
+    return None
+
+
+def results_table(exp: Experiment, grid: Any) -> pd.DataFrame:
+    """A row per trial: searched values, final and best metric, rounds run, stopped early."""
+    metric, better = exp.spec.metric, (max if exp.spec.direction == "max" else min)
+    rows = []
+    for result in grid:
+        history = result.metrics_dataframe
+        reported = history is not None and metric in history
+        trial_id = Path(result.path).name
+        rounds = trial_config(exp.base, {k: result.config[k] for k in exp.domains}).federation.rounds
+        last_round = int(history["round"].iloc[-1]) if reported else 0
+        rows.append(
+            {
+                "trial_id": trial_id,
+                **{k: result.config[k] for k in exp.domains},
+                f"final_{metric}": float(history[metric].iloc[-1]) if reported else math.nan,
+                f"best_{metric}": float(better(history[metric])) if reported else math.nan,
+                "rounds": last_round,
+                "stopped_early": result.error is None and last_round < rounds,
+                "error": "" if result.error is None else str(result.error).strip().splitlines()[-1],
+                "run_dir": str(exp.dir / trial_id / RUN),
+            }
+        )
+    return pd.DataFrame(rows).sort_values("trial_id", ignore_index=True)
+
+
+def best_trial(exp: Experiment, table: pd.DataFrame) -> pd.Series | None:
+    """The finished trial (not stopped, no error) with the best final metric."""
+    done = table[(~table["stopped_early"]) & (table["error"] == "")]
+    col = f"final_{exp.spec.metric}"
+    done = done[done[col].notna()]
+    if done.empty:
+        return None
+    return done.loc[done[col].idxmax() if exp.spec.direction == "max" else done[col].idxmin()]
+
+
+def plot_trials(exp: Experiment, grid: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for result in grid:
+        history = result.metrics_dataframe
+        if history is None or exp.spec.metric not in history:
+            continue
+        label = ", ".join(f"{k.split('.')[-1]}={result.config[k]}" for k in exp.domains)
+        ax.plot(history["round"], history[exp.spec.metric], marker=".", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel(exp.spec.metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_results(exp: Experiment, grid: Any) -> dict[str, Any]:
+    """results.csv / .parquet, best.yaml and trials.png in the experiment dir."""
+    table = results_table(exp, grid)
+    table.to_csv(exp.dir / "results.csv", index=False)
+    table.to_parquet(exp.dir / "results.parquet", index=False)
+    plot_trials(exp, grid, exp.dir / "trials.png")
+    best = best_trial(exp, table)
+    out: dict[str, Any] = {"table": table, "best": best}
+    if best is not None:
+        config = trial_config(exp.base, {k: best[k] for k in exp.domains})
+        (exp.dir / "best.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return out
+
+
+def run_experiment(exp: Experiment, resume: bool = False, address: str | None = None, verbose: int = 1) -> dict[str, Any]:
+    """Fit (or, with `resume`, restore and finish) the experiment, then write its results."""
+    if resume and not tune.Tuner.can_restore(str(exp.dir)):
+        raise ConfigError(f"--resume: {exp.dir} holds no Tune experiment to restore")
+    if not resume and exp.dir.exists():
+        raise ConfigError(f"{exp.dir}: exists; pass --resume to continue it, or choose another name")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # relative paths in configs mean the same as in `rayfl run`
+    connected = api.connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard)
+    try:
+        if resume:
+            tuner = tune.Tuner.restore(str(exp.dir), trainable(exp), resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable(exp),
+                param_space=param_space(exp),
+                tune_config=tune.TuneConfig(
+                    metric=exp.spec.metric,
+                    mode=exp.spec.direction,
+                    scheduler=scheduler(exp),
+                    search_alg=search_alg(exp),
+                    num_samples=exp.spec.num_samples,
+                    max_concurrent_trials=exp.spec.max_concurrent_trials,
+                    trial_dirname_creator=trial_dirname,
+                ),
+                run_config=tune.RunConfig(name=exp.name, storage_path=str(exp.dir.parent), verbose=verbose),
+            )
+        return write_results(exp, tuner.fit())
+    finally:
+        if connected:
+            import ray
+
+            ray.shutdown()
