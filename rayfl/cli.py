@@ -122,6 +122,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     metric = f"final_{exp.spec.metric}"
     print(table.drop(columns=["run_dir"]).to_string(index=False))
     print(f"{exp.dir}: results.csv, results.parquet, trials.png")
+    if (table["status"] == "unfinished").any():
+        print(f"interrupted: rayfl tune {args.tune} --resume finishes it", file=sys.stderr)
+        return 130
     if best is None:
         print("no trial finished all its rounds: no best.yaml")
         return 1

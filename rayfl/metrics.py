@@ -66,9 +66,13 @@ class Recorder:
         return df[first + [c for c in df.columns if c not in first]]
 
     def flush(self) -> None:
+        """Rewrite both tables; each is written aside and renamed, so a run killed mid-write
+        keeps the previous round's complete table."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_frame().to_parquet(self.run_dir / "metrics.parquet", index=False)
-        pd.DataFrame(self.clients).to_parquet(self.run_dir / "clients.parquet", index=False)
+        for name, frame in (("metrics", self.metrics_frame()), ("clients", pd.DataFrame(self.clients))):
+            tmp = self.run_dir / f".{name}.parquet.tmp"
+            frame.to_parquet(tmp, index=False)
+            tmp.replace(self.run_dir / f"{name}.parquet")
 
     def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None, target: float | None = None) -> dict[str, Any]:
         """The contract's summary keys (plus `extra`), written to `summary.json`. With a `target`

@@ -23,6 +23,15 @@ def test_example_configs_validate(path, monkeypatch):
         assert load_profile(cfg.devices.profile).classes
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "tune").glob("*.yaml")), ids=lambda p: p.name)
+def test_tune_experiments_pass_their_checks(path, monkeypatch):
+    from tune.spec import load_experiment
+
+    monkeypatch.chdir(ROOT)
+    exp = load_experiment(path)  # every grid value validated against its base run config
+    assert exp.domains and exp.dir == ROOT / "runs" / "tune" / path.stem
+
+
 def test_cluster_manifests_parse():
     job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
     assert job["kind"] == "RayJob" and "rayfl" in job["spec"]["entrypoint"]

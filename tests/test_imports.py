@@ -16,10 +16,10 @@ def test_core_modules_leave_ray_unimported():
 def test_every_module_imports_first_without_a_cycle():
     code = """
 import importlib, pkgutil, sys
-import rayfl, actors
-names = sorted(m.name for pkg in (rayfl, actors) for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.') if not m.name.endswith('__main__'))
+import rayfl, actors, tune
+names = sorted(m.name for pkg in (rayfl, actors, tune) for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.') if not m.name.endswith('__main__'))
 for name in names:
-    for loaded in [m for m in sys.modules if m.split('.')[0] in ('rayfl', 'actors')]:
+    for loaded in [m for m in sys.modules if m.split('.')[0] in ('rayfl', 'actors', 'tune')]:
         del sys.modules[loaded]
     importlib.import_module(name)
 print(len(names))

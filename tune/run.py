@@ -67,33 +67,31 @@ def trial_dirname(trial: Any) -> str:
     return trial.trial_id
 
 
+def reported(rows: pd.DataFrame, target: float | None) -> pd.DataFrame:
+    """A run's round rows as its trial reports them: the evaluated rounds, with, when a target
+    accuracy is set, `time_to_target_s`, the virtual time at which test accuracy first reached it
+    (infinite until it does)."""
+    rows = rows[rows["test_accuracy"].notna()].copy() if len(rows) else pd.DataFrame(columns=["round", "test_accuracy"])
+    if target is not None:
+        reached = rows["virtual_time_s"].where(rows["test_accuracy"] >= target)
+        rows["time_to_target_s"] = reached.expanding().min().fillna(math.inf)
+    return rows
+
+
 class Reporter:
-    """Turns the federation's round rows into `tune.report` calls (evaluated rounds only), adding,
-    when `federation.target_accuracy` is set, `time_to_target_s`: the virtual time at which test
-    accuracy first reached it (infinite until then)."""
+    """`tune.report`s each evaluated round of the federation (see `reported`). A resumed trial
+    starts from its RUN_DIR's rows, so the time to target counts the rounds before the resume."""
 
     def __init__(self, target: float | None, history: pd.DataFrame | None = None):
         self.target = target
-        self.reached = math.inf
-        self.history = history
-
-    def _reach(self, rows: pd.DataFrame) -> None:
-        if self.target is not None and math.isinf(self.reached):
-            hit = rows[rows["test_accuracy"] >= self.target]
-            if len(hit):
-                self.reached = float(hit["virtual_time_s"].iloc[0])
+        self.rows: list[dict[str, Any]] = [] if history is None else history.to_dict("records")
 
     def __call__(self, row: Mapping[str, Any]) -> None:
-        if self.history is not None:  # a resumed trial: the rounds before this one
-            self._reach(self.history[self.history["round"] < row["round"]])
-            self.history = None
+        self.rows = [r for r in self.rows if r["round"] < row["round"]] + [dict(row)]
         if math.isnan(row["test_accuracy"]):
             return
-        self._reach(pd.DataFrame([row]))
-        metrics = {k: np.asarray(v).item() for k, v in row.items() if isinstance(v, (int, float, np.number))}
-        if self.target is not None:
-            metrics["time_to_target_s"] = self.reached
-        tune.report(metrics)
+        last = reported(pd.DataFrame(self.rows), self.target).iloc[-1]
+        tune.report({k: np.asarray(v).item() for k, v in last.items() if isinstance(v, (int, float, np.number))})
 
 
 def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str, coordinator_cpus: float) -> None:
@@ -145,24 +143,48 @@ def search_alg(exp: Experiment) -> Any:
     return None
 
 
+def trial_status(exp: Experiment) -> dict[str, str]:
+    """Tune's status of each trial (TERMINATED, ERROR, PENDING, ...), read back from the experiment."""
+    return {t.trial_id: t.status for t in tune.ExperimentAnalysis(str(exp.dir)).trials}
+
+
+def trial_history(exp: Experiment, result: Any) -> pd.DataFrame:
+    """What a trial reported, rebuilt from its RUN_DIR up to the last round Tune saw (after a
+    restore Tune keeps only the reports since the restore; the RUN_DIR holds them all)."""
+    run_dir = exp.dir / Path(result.path).name / RUN
+    last_round = int((result.metrics or {}).get("round", 0))
+    rows = read_metrics(run_dir) if (run_dir / "metrics.parquet").is_file() else pd.DataFrame()
+    rows = rows[rows["round"] <= last_round] if len(rows) else rows
+    return reported(rows, exp.base_config.federation.target_accuracy)
+
+
 def results_table(exp: Experiment, grid: Any) -> pd.DataFrame:
-    """A row per trial: searched values, final and best metric, rounds run, stopped early."""
+    """A row per trial: searched values, final and best metric, rounds run, and its status:
+    `finished` (all rounds), `stopped early` (by the scheduler), `error`, or `unfinished`
+    (interrupted: `--resume` continues it)."""
     metric, better = exp.spec.metric, (max if exp.spec.direction == "max" else min)
+    tune_status = trial_status(exp)
     rows = []
     for result in grid:
-        history = result.metrics_dataframe
-        reported = history is not None and metric in history
+        history = trial_history(exp, result)
         trial_id = Path(result.path).name
         rounds = trial_config(exp.base, {k: result.config[k] for k in exp.domains}).federation.rounds
-        last_round = int(history["round"].iloc[-1]) if reported else 0
+        last_round = int(history["round"].iloc[-1]) if len(history) else 0
+        if result.error is not None or tune_status.get(trial_id) == "ERROR":
+            status = "error"
+        elif tune_status.get(trial_id) != "TERMINATED":
+            status = "unfinished"
+        else:
+            status = "finished" if last_round >= rounds else "stopped early"
         rows.append(
             {
                 "trial_id": trial_id,
                 **{k: result.config[k] for k in exp.domains},
-                f"final_{metric}": float(history[metric].iloc[-1]) if reported else math.nan,
-                f"best_{metric}": float(better(history[metric])) if reported else math.nan,
+                f"final_{metric}": float(history[metric].iloc[-1]) if len(history) else math.nan,
+                f"best_{metric}": float(better(history[metric])) if len(history) else math.nan,
                 "rounds": last_round,
-                "stopped_early": result.error is None and last_round < rounds,
+                "stopped_early": status == "stopped early",
+                "status": status,
                 "error": "" if result.error is None else str(result.error).strip().splitlines()[-1],
                 "run_dir": str(exp.dir / trial_id / RUN),
             }
@@ -171,10 +193,9 @@ def results_table(exp: Experiment, grid: Any) -> pd.DataFrame:
 
 
 def best_trial(exp: Experiment, table: pd.DataFrame) -> pd.Series | None:
-    """The finished trial (not stopped, no error) with the best final metric."""
-    done = table[(~table["stopped_early"]) & (table["error"] == "")]
+    """The finished trial (all its rounds) with the best final metric."""
     col = f"final_{exp.spec.metric}"
-    done = done[done[col].notna()]
+    done = table[(table["status"] == "finished") & table[col].notna()]
     if done.empty:
         return None
     return done.loc[done[col].idxmax() if exp.spec.direction == "max" else done[col].idxmin()]
@@ -188,9 +209,7 @@ def plot_trials(exp: Experiment, grid: Any, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for result in grid:
-        history = result.metrics_dataframe
-        if history is None or exp.spec.metric not in history:
-            continue
+        history = trial_history(exp, result)
         label = ", ".join(f"{k.split('.')[-1]}={result.config[k]}" for k in exp.domains)
         ax.plot(history["round"], history[exp.spec.metric], marker=".", label=label)
     ax.set_xlabel("round")

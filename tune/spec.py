@@ -48,6 +48,10 @@ SEARCH_ALGS = {"optuna": "optuna", "hyperopt": "hyperopt"}
 """search_alg -> the package it needs."""
 
 
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
 class Scheduler(Strict):
     name: Literal["asha", "none"] = "none"
     grace_period: int = Field(1, ge=1, description="ASHA: rounds every trial runs before it can be stopped")
@@ -148,7 +152,7 @@ class Experiment:
             raise ConfigError("metric: time_to_target_s needs federation.target_accuracy in the base config")
         if spec.search_alg != "none":
             package = SEARCH_ALGS[spec.search_alg]
-            if importlib.util.find_spec(package) is None:
+            if not installed(package):
                 raise ConfigError(f"search_alg: {spec.search_alg} needs the package {package!r}: pip install {package}")
             grids = [k for k, (kind, _) in self.domains.items() if kind == "grid"]
             if grids:

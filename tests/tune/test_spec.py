@@ -45,14 +45,22 @@ def test_bad_search_specs_fail_before_any_trial_with_one_line(tmp_path, capsys, 
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
 
 
-def test_metric_and_search_algorithm_checks(tmp_path):
+def test_metric_and_search_algorithm_checks(tmp_path, monkeypatch):
+    from tune import spec
+
     good = {"federation.lr": {"grid": [0.1]}}
     with pytest.raises(ConfigError, match="metric: 'accuracy' is not one of test_accuracy"):
         load_experiment(write(tmp_path, good, metric="accuracy"))
     with pytest.raises(ConfigError, match="time_to_target_s needs federation.target_accuracy"):
         load_experiment(write(tmp_path, good, metric="time_to_target_s"))
+    monkeypatch.setattr(spec, "installed", lambda package: False)
     with pytest.raises(ConfigError, match=r"search_alg: optuna needs the package 'optuna': pip install optuna"):
         load_experiment(write(tmp_path, good, search_alg="optuna"))
+    monkeypatch.setattr(spec, "installed", lambda package: True)
+    with pytest.raises(ConfigError, match=r"search.federation.lr: grid works only with search_alg: none; use choice"):
+        load_experiment(write(tmp_path, good, search_alg="hyperopt"))
+    choice = load_experiment(write(tmp_path, {"federation.lr": {"choice": [0.1, 0.2]}}, search_alg="hyperopt"))
+    assert choice.spec.search_alg == "hyperopt"
 
 
 def test_a_good_spec_resolves_domains_defaults_and_base_overrides(tmp_path):

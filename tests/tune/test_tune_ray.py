@@ -57,7 +57,8 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     assert (exp.dir / "trials.png").stat().st_size > 0
 
     best = out["best"]
-    finished = table[~table["stopped_early"]]
+    finished = table[table["status"] == "finished"]
+    assert set(table["status"]) <= {"finished", "stopped early"}
     assert best["final_test_accuracy"] == finished["final_test_accuracy"].max() and best["federation.lr"] in (0.1, 0.08)
     run_metrics = pd.read_parquet(f"{best['run_dir']}/metrics.parquet")  # the trial's own RUN_DIR, under the experiment
     assert run_metrics["test_accuracy"].iloc[-1] == best["final_test_accuracy"] and len(run_metrics) == 4
@@ -110,7 +111,7 @@ def test_concurrent_trials_keep_their_client_actors_inside_their_placement_group
     finally:
         done.set()
         watcher.join(timeout=30)
-    assert len(table) == 2 and (table["error"] == "").all() and (table["rounds"] == 6).all()
+    assert len(table) == 2 and (table["status"] == "finished").all() and (table["rounds"] == 6).all()
 
     trials_of = lambda seen: {name.split(":")[1] for name in seen}  # run ids: placed-<trial_id>
     assert any(len(trials_of(seen)) == 2 for seen, _ in samples), "the two trials never ran at once"
