@@ -94,7 +94,7 @@ class Reporter:
         tune.report({k: np.asarray(v).item() for k, v in last.items() if isinstance(v, (int, float, np.number))})
 
 
-def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str, coordinator_cpus: float) -> None:
+def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str) -> None:
     """The trainable: one federation with the trial's values, on Ray, inside the trial's group."""
     config = trial_config(base, params)
     config = config.model_copy(update={"ray": config.ray.model_copy(update={"num_actors": num_actors(config)})})
@@ -107,9 +107,7 @@ def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str,
 
 def trainable(exp: Experiment) -> Any:
     """`run_trial` bound to the experiment, with each trial's placement group from its own config."""
-    fn = tune.with_parameters(
-        run_trial, base=exp.base, experiment_dir=str(exp.dir), name=exp.name, coordinator_cpus=exp.spec.coordinator_cpus
-    )
+    fn = tune.with_parameters(run_trial, base=exp.base, experiment_dir=str(exp.dir), name=exp.name)
     cpus = exp.spec.coordinator_cpus
     return tune.with_resources(
         fn, lambda params: tune.PlacementGroupFactory(bundles(trial_config(exp.base, params), cpus), strategy="PACK")
