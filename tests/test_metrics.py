@@ -19,3 +19,23 @@ def test_summary_and_time_to_target(tmp_path):
     assert summary["bytes_total"] == 4 * 30 and summary["time_to_target_s"] == 40.0
     assert rec.summary("fedavg", target=0.9)["time_to_target_s"] is None
     assert list(rec.metrics_frame().columns[: len(METRICS_COLUMNS)]) == list(METRICS_COLUMNS)
+
+
+def test_a_write_killed_midway_keeps_the_last_complete_table(tmp_path, monkeypatch):
+    import pandas as pd
+    import pytest
+
+    rec = Recorder(tmp_path)
+    rec.record(row(1, 0.4, 10.0), [{"round": 1, "client_id": 0}])
+    real = pd.DataFrame.to_parquet
+
+    def dies_halfway(self, path, **kw):  # leaves a truncated file behind, then fails
+        open(path, "wb").write(b"PAR1")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        rec.record(row(2, 0.5, 20.0), [{"round": 2, "client_id": 0}])
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    assert pd.read_parquet(tmp_path / "metrics.parquet")["round"].tolist() == [1]
+    assert pd.read_parquet(tmp_path / "clients.parquet")["round"].tolist() == [1]
