@@ -127,3 +127,48 @@ def test_concurrent_trials_keep_their_client_actors_inside_their_placement_group
         for pg in set(seen.values()):
             assert sum(1 for p in seen.values() if p == pg) <= 2  # never more clients than the group's bundles
     assert len(group_of_trial) == 2 and len(set(group_of_trial.values())) == 2
+
+
+def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(ray_cluster, tmp_path):
+    ray = ray_cluster
+    from rayfl.runner import run_local
+
+    path = experiment(tmp_path, "broken", {"federation.lr": {"grid": [0.1]}})
+    exp = load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"])
+    killed, done = threading.Event(), threading.Event()
+
+    def kill_the_coordinator_after_round_3():
+        while not done.is_set() and not killed.is_set():
+            for actor in ray.util.list_named_actors(all_namespaces=True):
+                name = actor["name"]
+                runs = list(exp.dir.glob("*/run/metrics.parquet"))
+                if name.startswith("rayfl:broken-") and name.endswith(":coordinator") and runs:
+                    if len(pd.read_parquet(runs[0])) >= 3:
+                        ray.kill(ray.get_actor(name, namespace=actor["namespace"]))
+                        killed.set()
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_the_coordinator_after_round_3, daemon=True)
+    killer.start()
+    try:
+        first = run_experiment(exp, verbose=0)["table"]
+    finally:
+        done.set()
+        killer.join(timeout=30)
+    assert killed.is_set() and first["status"].tolist() == ["error"] and first["error"].iloc[0]
+    stopped_at = len(pd.read_parquet(first["run_dir"].iloc[0] + "/metrics.parquet"))
+    assert 3 <= stopped_at < 6
+
+    again = run_experiment(exp, resume=True, verbose=0)  # Tuner.restore(resume_errored=True)
+    row = again["table"].iloc[0]
+    assert row["status"] == "finished" and row["rounds"] == 6
+    metrics = pd.read_parquet(row["run_dir"] + "/metrics.parquet")
+    assert metrics["round"].tolist() == [1, 2, 3, 4, 5, 6]
+    # Tune's log of the trial: the rounds before the kill, then the restored trial's reports, which
+    # start after its checkpoint (round 3 or 5); a restart from scratch would report round 1 twice
+    log = [int(json.loads(line)["round"]) for line in (exp.dir / row["trial_id"] / "result.json").read_text().splitlines()]
+    assert log.count(1) == 1 and sorted(set(log)) == [1, 2, 3, 4, 5, 6] and log[-1] == 6
+    # resumed from its round-2 or round-4 checkpoint, it equals a run that never stopped
+    reference = run_local(load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"]).base_config, tmp_path / "ref")
+    assert row["final_test_accuracy"] == reference["final_test_accuracy"]
+    assert metrics["test_accuracy"].tolist() == pd.read_parquet(tmp_path / "ref" / "metrics.parquet")["test_accuracy"].tolist()
