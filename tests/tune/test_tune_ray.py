@@ -1,5 +1,6 @@
 """Tune over federations on the session's 2-CPU Ray cluster: ASHA, placement groups, best re-run."""
 
+import contextlib
 import json
 import threading
 import time
@@ -21,6 +22,33 @@ BASE = {
     "federation": {"rounds": 4, "clients_per_round": 4, "batch_size": 10, "lr": 0.05, "eval_batch_size": 1000},
     "ray": {"num_actors": 1, "cpus_per_actor": 1},
 }
+
+
+@contextlib.contextmanager
+def every(seconds, step):
+    """Call `step()` every `seconds` in a thread while the block runs (the search runs in this one)."""
+    done = threading.Event()
+
+    def loop():
+        while not done.is_set():
+            step()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=30)
+
+
+def our_actors(ray, run_prefix, role):
+    """(name, handle) of the live actors `rayfl:<run_prefix>...:<role>...`."""
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"]
+        if name.startswith(f"rayfl:{run_prefix}") and name.split(":")[-1].startswith(role):
+            yield name, ray.get_actor(name, namespace=actor["namespace"])
 
 
 def experiment(tmp_path, name, search, **extra):
@@ -86,31 +114,20 @@ def test_concurrent_trials_keep_their_client_actors_inside_their_placement_group
         coordinator_cpus=0,
     )
     exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6"])
-    samples, done = [], threading.Event()
+    samples = []
 
-    def watch():
-        while not done.is_set():
-            seen = {}
-            for actor in ray.util.list_named_actors(all_namespaces=True):
-                name = actor["name"]
-                if not (name.startswith("rayfl:placed-") and ":client-" in name):
-                    continue
-                try:
-                    info = ray.get(ray.get_actor(name, namespace=actor["namespace"]).info.remote(), timeout=10)
-                except Exception:  # the trial ended and killed it meanwhile
-                    continue
-                seen[name] = info["placement_group"]
-            if seen:
-                samples.append((seen, ray.util.placement_group_table()))
-            time.sleep(0.2)
+    def sample():
+        seen = {}
+        for name, actor in our_actors(ray, "placed-", "client-"):
+            try:
+                seen[name] = ray.get(actor.info.remote(), timeout=10)["placement_group"]
+            except Exception:  # the trial ended and killed it meanwhile
+                continue
+        if seen:
+            samples.append((seen, ray.util.placement_group_table()))
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with every(0.2, sample):
         table = run_experiment(exp, verbose=0)["table"]
-    finally:
-        done.set()
-        watcher.join(timeout=30)
     assert len(table) == 2 and (table["status"] == "finished").all() and (table["rounds"] == 6).all()
 
     trials_of = lambda seen: {name.split(":")[1] for name in seen}  # run ids: placed-<trial_id>
@@ -135,26 +152,18 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(
 
     path = experiment(tmp_path, "broken", {"federation.lr": {"grid": [0.1]}})
     exp = load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"])
-    killed, done = threading.Event(), threading.Event()
+    killed = threading.Event()
 
     def kill_the_coordinator_after_round_3():
-        while not done.is_set() and not killed.is_set():
-            for actor in ray.util.list_named_actors(all_namespaces=True):
-                name = actor["name"]
-                runs = list(exp.dir.glob("*/run/metrics.parquet"))
-                if name.startswith("rayfl:broken-") and name.endswith(":coordinator") and runs:
-                    if len(pd.read_parquet(runs[0])) >= 3:
-                        ray.kill(ray.get_actor(name, namespace=actor["namespace"]))
-                        killed.set()
-            time.sleep(0.1)
+        runs = list(exp.dir.glob("*/run/metrics.parquet"))
+        if killed.is_set() or not runs or len(pd.read_parquet(runs[0])) < 3:
+            return
+        for _, coordinator in our_actors(ray, "broken-", "coordinator"):
+            ray.kill(coordinator)
+            killed.set()
 
-    killer = threading.Thread(target=kill_the_coordinator_after_round_3, daemon=True)
-    killer.start()
-    try:
+    with every(0.1, kill_the_coordinator_after_round_3):
         first = run_experiment(exp, verbose=0)["table"]
-    finally:
-        done.set()
-        killer.join(timeout=30)
     assert killed.is_set() and first["status"].tolist() == ["error"] and first["error"].iloc[0]
     stopped_at = len(pd.read_parquet(first["run_dir"].iloc[0] + "/metrics.parquet"))
     assert 3 <= stopped_at < 6
