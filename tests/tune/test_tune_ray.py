@@ -48,7 +48,11 @@ def our_actors(ray, run_prefix, role):
     for actor in ray.util.list_named_actors(all_namespaces=True):
         name = actor["name"]
         if name.startswith(f"rayfl:{run_prefix}") and name.split(":")[-1].startswith(role):
-            yield name, ray.get_actor(name, namespace=actor["namespace"])
+            try:
+                handle = ray.get_actor(name, namespace=actor["namespace"])
+            except ValueError:  # it died since the listing
+                continue
+            yield name, handle
 
 
 def experiment(tmp_path, name, search, **extra):
