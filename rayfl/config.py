@@ -137,13 +137,19 @@ class DevicesConfig(Strict):
     @classmethod
     def _mix(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                parts = [float(x) for x in v.split(":")]
-            except ValueError:
-                parts = []
-            if not parts or any(x < 0 for x in parts) or sum(parts) <= 0:
-                raise ValueError(f"write a mix like '1:2:7': non-negative numbers joined by ':', not all zero (got {v!r})")
+            mix_shares(v)
         return v
+
+
+def mix_shares(mix: str) -> list[float]:
+    """'1:2:7' -> [1.0, 2.0, 7.0]; ValueError unless non-negative numbers, not all zero."""
+    try:
+        shares = [float(x) for x in mix.split(":")]
+    except ValueError:
+        shares = []
+    if not shares or any(x < 0 for x in shares) or sum(shares) <= 0:
+        raise ValueError(f"write a mix like '1:2:7': non-negative numbers joined by ':', not all zero (got {mix!r})")
+    return shares
 
 
 class RayConfig(Strict):
@@ -261,11 +267,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply dotted `KEY=VALUE` overrides to a raw mapping (new dicts; the input is untouched)."""
-    out: dict[str, Any] = _copy(raw)
+    out: Mapping[str, Any] = raw
     for text in overrides:
         parts, value = parse_override(text)
         out = set_values(out, {".".join(parts): value}, "--set ")
-    return out
+    return _copy(out)
 
 
 def set_values(raw: Mapping[str, Any], values: Mapping[str, Any], label: str = "") -> dict[str, Any]:

@@ -12,7 +12,7 @@ clients.parquet, checkpoints/). A restored experiment (`--resume`, Tune's `Tuner
 re-runs unfinished trials, which continue from their RUN_DIR's newest checkpoint.
 
 After the search: `results.csv` / `results.parquet` (a row per trial: searched values, final and
-best metric, rounds run, stopped early, error, RUN_DIR), `best.yaml` (the best finished trial's
+best metric, rounds run, stopped early, status, error, RUN_DIR), `best.yaml` (the best finished trial's
 run config, ready for `rayfl run`) and `trials.png` (the metric per trial over rounds).
 """
 
@@ -146,6 +146,11 @@ def trial_status(exp: Experiment) -> dict[str, str]:
     return {t.trial_id: t.status for t in tune.ExperimentAnalysis(str(exp.dir)).trials}
 
 
+def searched(exp: Experiment, result: Any) -> dict[str, Any]:
+    """A trial's values of the searched keys."""
+    return {k: result.config[k] for k in exp.domains}
+
+
 def trial_history(exp: Experiment, result: Any) -> pd.DataFrame:
     """What a trial reported, rebuilt from its RUN_DIR up to the last round Tune saw (after a
     restore Tune keeps only the reports since the restore; the RUN_DIR holds them all)."""
@@ -156,17 +161,17 @@ def trial_history(exp: Experiment, result: Any) -> pd.DataFrame:
     return reported(rows, exp.base_config.federation.target_accuracy)
 
 
-def results_table(exp: Experiment, grid: Any) -> pd.DataFrame:
-    """A row per trial: searched values, final and best metric, rounds run, and its status:
-    `finished` (all rounds), `stopped early` (by the scheduler), `error`, or `unfinished`
-    (interrupted: `--resume` continues it)."""
+def results_table(exp: Experiment, trials: list[tuple[Any, pd.DataFrame]]) -> pd.DataFrame:
+    """A row per (result, history) trial: searched values, final and best metric, rounds run, and
+    its status: `finished` (all rounds), `stopped early` (by the scheduler), `error`, or
+    `unfinished` (interrupted: `--resume` continues it)."""
     metric, better = exp.spec.metric, (max if exp.spec.direction == "max" else min)
     tune_status = trial_status(exp)
     rows = []
-    for result in grid:
-        history = trial_history(exp, result)
+    for result, history in trials:
         trial_id = Path(result.path).name
-        rounds = trial_config(exp.base, {k: result.config[k] for k in exp.domains}).federation.rounds
+        values = searched(exp, result)
+        rounds = trial_config(exp.base, values).federation.rounds
         last_round = int(history["round"].iloc[-1]) if len(history) else 0
         if result.error is not None or tune_status.get(trial_id) == "ERROR":
             status = "error"
@@ -177,7 +182,7 @@ def results_table(exp: Experiment, grid: Any) -> pd.DataFrame:
         rows.append(
             {
                 "trial_id": trial_id,
-                **{k: result.config[k] for k in exp.domains},
+                **values,
                 f"final_{metric}": float(history[metric].iloc[-1]) if len(history) else math.nan,
                 f"best_{metric}": float(better(history[metric])) if len(history) else math.nan,
                 "rounds": last_round,
@@ -199,16 +204,15 @@ def best_trial(exp: Experiment, table: pd.DataFrame) -> pd.Series | None:
     return done.loc[done[col].idxmax() if exp.spec.direction == "max" else done[col].idxmin()]
 
 
-def plot_trials(exp: Experiment, grid: Any, path: Path) -> None:
+def plot_trials(exp: Experiment, trials: list[tuple[Any, pd.DataFrame]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for result in grid:
-        history = trial_history(exp, result)
-        label = ", ".join(f"{k.split('.')[-1]}={result.config[k]}" for k in exp.domains)
+    for result, history in trials:
+        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in searched(exp, result).items())
         ax.plot(history["round"], history[exp.spec.metric], marker=".", label=label)
     ax.set_xlabel("round")
     ax.set_ylabel(exp.spec.metric)
@@ -220,11 +224,13 @@ def plot_trials(exp: Experiment, grid: Any, path: Path) -> None:
 
 
 def write_results(exp: Experiment, grid: Any) -> dict[str, Any]:
-    """results.csv / .parquet, best.yaml and trials.png in the experiment dir."""
-    table = results_table(exp, grid)
+    """results.csv / .parquet, best.yaml and trials.png in the experiment dir; each trial's
+    history is read from its RUN_DIR once."""
+    trials = [(result, trial_history(exp, result)) for result in grid]
+    table = results_table(exp, trials)
     table.to_csv(exp.dir / "results.csv", index=False)
     table.to_parquet(exp.dir / "results.parquet", index=False)
-    plot_trials(exp, grid, exp.dir / "trials.png")
+    plot_trials(exp, trials, exp.dir / "trials.png")
     best = best_trial(exp, table)
     out: dict[str, Any] = {"table": table, "best": best}
     if best is not None:

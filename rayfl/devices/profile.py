@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from .. import rng
-from ..config import ConfigError, DevicesConfig, Strict, format_error, read_yaml
+from ..config import ConfigError, DevicesConfig, Strict, format_error, mix_shares, read_yaml
 
 
 class DeviceClass(Strict):
@@ -71,7 +71,7 @@ def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:
     the profile's order; a class at 0 is left out), so a budget mix is searchable like any number."""
     if mix is None:
         return profile
-    shares = [float(x) for x in mix.split(":")]
+    shares = mix_shares(mix)
     if len(shares) != len(profile.classes):
         names = ":".join(c.name for c in profile.classes)
         raise ConfigError(f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})")
