@@ -6,12 +6,15 @@ algorithm picks the worker set with the least KL(Phi_h || Phi_0) under the ingre
 sum d_i <= B / c (Eq. 10-12), seeded by participation priority (Eq. 13); the selected batch
 sizes are fine-tuned toward KL <= epsilon (Eq. 14) and scaled to fill the budget (Alg. 1 l.7).
 Training merges all workers' features into one top-model step per iteration and dispatches
-each worker the gradient of its own mean loss; worker i's learning rate is lr * d_i / D
-(proportional to its batch size), the top model's the same rule over the merged batch
-(`scale_top_lr`), and bottom models are averaged weighted by d_i (Eq. 17).
+each worker the gradient of its own mean loss; worker i's learning rate is lr * d_i / b
+(proportional to its batch size; b = `federation.batch_size`, so `federation.lr` is the rate
+for a batch of b samples, as for typical SFL and FedAvg, and every method takes the same step
+per sample: the paper gives the rule, not its constant), the top model's the same rule over
+the merged batch (`scale_top_lr`), and bottom models are averaged weighted by d_i (Eq. 17).
 
-Ablations: `merge_features: false` takes one top step per worker instead (no merging);
-`regulate_batch: false` gives every worker batch D (no Eq. 9, no fine-tuning); `kl_aware: false`
+Ablations (Fig. 11): `merge_features: false` takes one top step per worker instead (no
+merging); `regulate_batch: false` gives every worker one identical batch size, the mean of the
+Eq. 9 sizes ("the average of batch sizes in MergeSFL"), with no fine-tuning; `kl_aware: false`
 selects `clients_per_round` workers uniformly and skips Eq. 14. AdaSFL is the last two of these
 with regulation on (`adasfl`).
 """
@@ -36,7 +39,7 @@ from ...types import ClientId, Round
 class MergeSFLConfig(SFLConfig):
     name: str = "mergesfl"
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
-    regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation: false)")
+    regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation false: one batch size, the mean of Eq. 9's)")
     kl_aware: bool = Field(True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)")
     scale_top_lr: bool = Field(True, description="top-model lr proportional to the batch it steps on, as worker lrs (false: lr)")
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
@@ -81,12 +84,13 @@ class MergeSFLPolicy(SFLPolicy):
         return ServerState(round=0, weights=dict(weights), clients=clients)
 
     def batch_sizes(self, state: ServerState) -> np.ndarray:
-        """Alg. 1 l.1-2: Eq. 9 for every worker (or D for all without regulation)."""
+        """Alg. 1 l.1-2: Eq. 9 for every worker; without regulation (Fig. 11's "MergeSFL w/o
+        BR") every worker gets the mean of those sizes, rounded."""
         mu, beta, _ = self.estimates(state)
-        cfg = self.config.algorithm
-        if not cfg.regulate_batch:
-            return np.full(self.context.num_clients, cfg.max_batch)
-        return control.regulate_batch_sizes(mu, beta, cfg.max_batch)
+        d = control.regulate_batch_sizes(mu, beta, self.config.algorithm.max_batch)
+        if not self.config.algorithm.regulate_batch:
+            return np.full(len(d), max(1, round(float(d.mean()))))
+        return d
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
         """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13); without
@@ -113,21 +117,22 @@ class MergeSFLPolicy(SFLPolicy):
         d = control.fill_bandwidth(d, 1.0, cfg.max_merged, cfg.max_batch)
         bottom = {k: state.weights[k] for k in self.bottom_keys}
         return [
-            SplitTask(int(c), round, bottom, self.config.model, 1, int(di), fed.lr * int(di) / cfg.max_batch, tau=cfg.tau)
+            SplitTask(int(c), round, bottom, self.config.model, 1, int(di), fed.lr * int(di) / fed.batch_size, tau=cfg.tau)
             for c, di in zip(idx, d)
         ]
 
     def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
         """With `scale_top_lr` (default), "learning rate proportional to batch size" applied to the
-        top model's steps as to the workers' (lr_i = lr d_i / D): lr * sum_i d_i / D for a merged
-        step, lr * d_i / D for worker i's own step. The paper states the rule for workers only;
-        `scale_top_lr: false` keeps the top model at `federation.lr`."""
-        cfg, lr = self.config.algorithm, self.config.federation.lr
+        top model's steps as to the workers' (lr_i = lr d_i / b): lr * sum_i d_i / b for a merged
+        step, lr * d_i / b for worker i's own step (b = `federation.batch_size`). The paper states
+        the rule for workers only; `scale_top_lr: false` keeps every top step at `federation.lr`
+        (the public code's plain SGD at lr_h)."""
+        cfg, fed = self.config.algorithm, self.config.federation
         if not cfg.scale_top_lr or not tasks:
             return super().top_lrs(tasks)
         if cfg.merge_features:
-            return [lr * sum(t.batch_size for t in tasks) / cfg.max_batch]
-        return [lr * t.batch_size / cfg.max_batch for t in tasks]
+            return [fed.lr * sum(t.batch_size for t in tasks) / fed.batch_size]
+        return [fed.lr * t.batch_size / fed.batch_size for t in tasks]
 
     def aggregate(self, state, round, results, server):
         """Eq. 17 (bottoms weighted by d_i, via samples processed), the server's top model; then
