@@ -1,13 +1,15 @@
-"""MergeSFL against its baselines on digits at non-IID level p (default 10) under `jetson`.
+"""MergeSFL against its baselines on digits or MNIST-1D at non-IID level p (default 10) under `jetson`.
 
 Runs examples/mergesfl/{mergesfl,sfl,adasfl,fedavg,pyramidfl}.yaml, MergeSFL's two ablations
 (`merge_features: false`, `regulate_batch: false`) and MergeSFL with `scale_top_lr: false`,
 in-process, two at a time, for --seeds seeds; prints, as the mean over seeds (and the range of the
 final accuracy), final accuracy (mean of the last 5 rounds), average waiting time per round
 (Eq. 8), virtual time, time to the target accuracy and traffic; writes accuracy plots of seed 0
-into --plots.
+into --plots. `--data mnist1d` swaps the examples' digits and `cnn2` for MNIST-1D and `cnn1d`;
+`--set KEY=VALUE` applies to every run.
 
-    python bench/mergesfl_p10.py [--p 10] [--rounds 40] [--seeds 3] [--plots docs/mergesfl]
+    python bench/mergesfl_p10.py [--data digits] [--p 10] [--rounds 40] [--seeds 10] [--target 0.8]
+                                 [--set KEY=VALUE ...] [--plots docs/mergesfl]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = {"digits": ["data.name=digits", "model.name=cnn2"], "mnist1d": ["data.name=mnist1d", "model.name=cnn1d"]}
 RUNS = {
     "MergeSFL": ("mergesfl", []),
     "MergeSFL w/o merging": ("mergesfl", ["algorithm.merge_features=false"]),
@@ -54,12 +57,15 @@ def one(job: tuple[str, str, list[str], str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", choices=sorted(DATA), default="digits")
     parser.add_argument("--p", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--target", type=float, default=0.8, help="federation.target_accuracy")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--plots", default=None, help="folder for accuracy_vs_round.png / accuracy_vs_virtual_time.png")
     args = parser.parse_args()
-    common = [f"data.partition.p={args.p}", f"federation.rounds={args.rounds}"]
+    common = [*DATA[args.data], f"data.partition.p={args.p}", f"federation.rounds={args.rounds}", f"federation.target_accuracy={args.target}", *args.set]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [
             (label, ex, [*common, f"seed={seed}", *extra], f"{tmp}/{seed}-{label.replace(' ', '_').replace('/', '')}")
@@ -72,9 +78,9 @@ def main() -> None:
             from rayfl.metrics import plot_runs
 
             plot_runs([j[3] for j in jobs if j[3].split("/")[-1].startswith("0-")], args.plots)
-    target = 0.8
-    print(f"digits, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}; final = mean of the last 5 rounds")
-    print(f"| run | final accuracy (range) | mean waiting s/round | virtual time s | time to {target:.0%} s | traffic MB | mean KL |")
+    extra = f", {' '.join(args.set)}" if args.set else ""
+    print(f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{extra}; final = mean of the last 5 rounds")
+    print(f"| run | final accuracy (range) | mean waiting s/round | virtual time s | time to {args.target:.0%} s | traffic MB | mean KL |")
     print("|---|---|---|---|---|---|---|")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for label in RUNS:

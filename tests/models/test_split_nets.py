@@ -6,6 +6,7 @@ from torch import nn
 
 from rayfl.config import ConfigError
 from rayfl.models import build_model
+from rayfl.models.cnn1d import Cnn1dConfig
 from rayfl.models.cnn2 import Cnn2Config
 from rayfl.models.layers import split, split_index
 from rayfl.models.split_nets import AlexNetConfig, CnnHConfig, CnnSConfig, Vgg16Config
@@ -19,6 +20,7 @@ from rayfl.models.split_nets import AlexNetConfig, CnnHConfig, CnnSConfig, Vgg16
         (CnnHConfig(), (1, 128, 9), (64, 4, 2)),
         (CnnSConfig(), (1, 16000), (64, 1)),
         (Cnn2Config(), (1, 8, 8), (64, 2, 2)),
+        (Cnn1dConfig(), (1, 40), (32, 10)),  # MNIST-1D: length 40 -> 20 -> 10 after two stride-2 convs
     ],
 )
 def test_split_points_and_feature_shapes(cfg, shape, features):
