@@ -33,3 +33,10 @@ def test_merged_features_also_learn(tmp_path):
 def test_split_algorithms_need_a_split_model(tmp_path):
     with pytest.raises(ConfigError, match="model.name: sfl needs a model with a split point"):
         run_local(load_config(None, ["algorithm.name=sfl", "model.name=mlp"]), tmp_path)
+
+
+def test_split_algorithms_refuse_the_emulated_clock(tmp_path):
+    # Split sessions do not sleep to their virtual time: refused rather than silently unpaced.
+    with pytest.raises(ConfigError, match="clock: emulate does not pace split-learning rounds \\(mergesfl\\)"):
+        run_local(load_config(None, ["algorithm.name=mergesfl", "model.name=cnn2", "clock=emulate"]), tmp_path)
+    assert not (tmp_path / "metrics.parquet").exists()
