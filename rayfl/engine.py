@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -100,14 +101,15 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     policy, cfg = fed.policy, fed.config
     selected = policy.select(state, rnd, fed.population.available(rnd))
     tasks = {t.client_id: t for t in policy.configure(state, rnd, selected)}
-    if cfg.clock == "emulate":
+    split = isinstance(policy, SplitPolicy)
+    if cfg.clock == "emulate" and not split:
         tasks = {
             c: dataclasses.replace(t, pace=Pace(fed.population.state(c, rnd), fed.cost_of(t.model).train_flops, cfg.clock_scale))
             for c, t in tasks.items()
         }
-    split = isinstance(policy, SplitPolicy)
     ordered = [tasks[c] for c in sorted(tasks)]
     server = policy.open_server(state, rnd, ordered) if split else None
+    started = time.perf_counter()
     outcomes = sorted(executor.run_split(ordered, server) if split else executor.run(ordered), key=lambda r: r.client_id)
 
     accepted: list[ClientResult] = []
@@ -152,6 +154,10 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     duration, waits = round_duration([r["total_s"] for r in timed])
     for r, w in zip(timed, waits):
         r["wait_s"] = w
+    if split and cfg.clock == "emulate":
+        # Split workers meet at the server every iteration, so the round is paced as a whole:
+        # it lasts its scaled virtual duration (the slowest worker's) in wall time too.
+        time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
 
     state = policy.aggregate(state, rnd, accepted, server) if split else policy.aggregate(state, rnd, accepted)
     evaluate = rnd % cfg.federation.eval_every == 0 or rnd == cfg.federation.rounds

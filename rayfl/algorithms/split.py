@@ -152,8 +152,6 @@ class SplitPolicy(ServerPolicy):
         super().__init__(config, context)
         if not isinstance(config.model, SplitConfig):
             raise ConfigError(f"model.name: {config.algorithm.name} needs a model with a split point (alexnet, vgg16, cnn_h, cnn_s, cnn2, cnn1d)")
-        if config.clock == "emulate":
-            raise ConfigError(f"clock: emulate does not pace split-learning rounds ({config.algorithm.name}); use clock: virtual")
         bottom, top = split(build_model(config.model, context.input_shape, context.num_classes), config.model.split_layer)
         self.bottom_keys = list(bottom.state_dict())
         self.top_keys = list(top.state_dict())

@@ -35,8 +35,13 @@ def test_split_algorithms_need_a_split_model(tmp_path):
         run_local(load_config(None, ["algorithm.name=sfl", "model.name=mlp"]), tmp_path)
 
 
-def test_split_algorithms_refuse_the_emulated_clock(tmp_path):
-    # Split sessions do not sleep to their virtual time: refused rather than silently unpaced.
-    with pytest.raises(ConfigError, match="clock: emulate does not pace split-learning rounds \\(mergesfl\\)"):
-        run_local(load_config(None, ["algorithm.name=mergesfl", "model.name=cnn2", "clock=emulate"]), tmp_path)
-    assert not (tmp_path / "metrics.parquet").exists()
+def test_the_emulated_clock_paces_split_rounds(tmp_path):
+    # Unpaced, a round here takes about 0.4 s of wall time for about 2 s of virtual time; at
+    # clock_scale 0.5 each round must last at least half its virtual duration.
+    scale = 0.5
+    sets = ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]
+    run_local(load_config(None, sets), tmp_path)
+    m = pd.read_parquet(tmp_path / "metrics.parquet")
+    wall = m["wall_time_s"].diff().fillna(m["wall_time_s"].iloc[0])
+    assert len(m) == 3 and (m["round_time_s"] > 1.0).all()
+    assert (wall >= scale * m["round_time_s"]).all()
