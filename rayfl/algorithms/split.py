@@ -23,7 +23,7 @@ from .base import ClientResult, ClientTask, FederationContext, ServerPolicy, Ser
 from ..config import ConfigError, RunConfig
 from ..devices.cost import measure, nbytes
 from ..models.layers import SplitConfig, split
-from ..models.registry import build_model
+from ..models.registry import build_model, families
 from ..types import Round
 
 
@@ -151,7 +151,8 @@ class SplitPolicy(ServerPolicy):
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         if not isinstance(config.model, SplitConfig):
-            raise ConfigError(f"model.name: {config.algorithm.name} needs a model with a split point (alexnet, vgg16, cnn_h, cnn_s, cnn2, cnn1d)")
+            splittable = sorted(n for n, f in families().items() if issubclass(f.config_class, SplitConfig))
+            raise ConfigError(f"model.name: {config.algorithm.name} needs a model with a split point ({', '.join(splittable)})")
         bottom, top = split(build_model(config.model, context.input_shape, context.num_classes), config.model.split_layer)
         self.bottom_keys = list(bottom.state_dict())
         self.top_keys = list(top.state_dict())

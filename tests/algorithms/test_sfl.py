@@ -31,7 +31,7 @@ def test_merged_features_also_learn(tmp_path):
 
 
 def test_split_algorithms_need_a_split_model(tmp_path):
-    with pytest.raises(ConfigError, match="model.name: sfl needs a model with a split point"):
+    with pytest.raises(ConfigError, match=r"model.name: sfl needs a model with a split point \(alexnet, cnn1d, cnn2, cnn_h, cnn_s, vgg16\)"):
         run_local(load_config(None, ["algorithm.name=sfl", "model.name=mlp"]), tmp_path)
 
 
