@@ -6,7 +6,7 @@ in-process, two at a time, for --seeds seeds; prints, as the mean over seeds (an
 final accuracy), final accuracy (mean of the last 5 rounds), average waiting time per round
 (Eq. 8), virtual time, time to the target accuracy and traffic; writes accuracy plots of seed 0
 into --plots. `--data mnist1d` swaps the examples' digits and `cnn2` for MNIST-1D and `cnn1d`;
-`--set KEY=VALUE` applies to every run.
+`--set KEY=VALUE` applies to every run (a row's own override, such as an ablation's, wins).
 
     python bench/mergesfl_p10.py [--data digits] [--p 10] [--rounds 40] [--seeds 10] [--target 0.8]
                                  [--set KEY=VALUE ...] [--plots docs/mergesfl]
@@ -78,8 +78,8 @@ def main() -> None:
             from rayfl.metrics import plot_runs
 
             plot_runs([j[3] for j in jobs if j[3].split("/")[-1].startswith("0-")], args.plots)
-    extra = f", {' '.join(args.set)}" if args.set else ""
-    print(f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{extra}; final = mean of the last 5 rounds")
+    sets = f", {' '.join(args.set)}" if args.set else ""
+    print(f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{sets}; final = mean of the last 5 rounds")
     print(f"| run | final accuracy (range) | mean waiting s/round | virtual time s | time to {args.target:.0%} s | traffic MB | mean KL |")
     print("|---|---|---|---|---|---|---|")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
