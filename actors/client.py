@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
-from rayfl.algorithms.split import SplitTask
+from rayfl.algorithms.exchange import invoke
 from rayfl.config import RunConfig
 from rayfl.types import Weights
 
@@ -39,7 +39,7 @@ def torch_threads_for(cpus: float) -> int:
 class ClientActor:
     """Runs client tasks for one federation; created with explicit `num_cpus` / `num_gpus`."""
 
-    def __init__(self, config: RunConfig, dataset: Any, train_indices: list, threads: int, gpu_fraction: float):
+    def __init__(self, federation_box: list, threads: int, gpu_fraction: float):
         from rayfl.client import ClientRunner
 
         torch.set_num_threads(threads)
@@ -48,27 +48,26 @@ class ClientActor:
             device = "cuda"
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
         self.device = device
-        self.runner = ClientRunner(config, dataset.x_train, dataset.y_train, train_indices, dataset.num_classes, device)
+        self.runner = ClientRunner.of(ray.get(federation_box[0]), device)
         self.sessions: dict[int, Any] = {}
 
     def run(self, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
         """Train one task; the round's weights arrive as a separate (shared, zero-copy) argument."""
         return self.runner.run(dataclasses.replace(task, weights=weights))
 
-    # Split learning: a worker's bottom model stays on this actor for the round.
+    def hold(self, seconds: float) -> None:
+        """Stay busy (`clock: emulate`): a client's task lasts its scaled virtual time."""
+        time.sleep(seconds)
 
-    def split_open(self, task: SplitTask, weights: Weights) -> None:
-        self.sessions[task.client_id] = self.runner.open_split(dataclasses.replace(task, weights=weights))
+    # A server-in-the-loop round: a client's session stays on this actor for the round.
 
-    def split_forward(self, client_id: int) -> tuple[np.ndarray, np.ndarray]:
-        features, labels = self.sessions[client_id].forward()
-        return features.cpu().numpy(), labels.cpu().numpy()
+    def open_session(self, task: ClientTask, weights: Weights) -> None:
+        self.sessions[task.client_id] = self.runner.open_session(dataclasses.replace(task, weights=weights))
 
-    def split_backward(self, client_id: int, grad: np.ndarray, loss: float) -> None:
-        session = self.sessions[client_id]
-        session.backward(torch.from_numpy(np.array(grad)).to(self.device), loss)
+    def session_call(self, client_id: int, method: str, args: tuple) -> Any:
+        return invoke(self.sessions[client_id], method, args)
 
-    def split_close(self, client_id: int) -> ClientResult:
+    def close_session(self, client_id: int) -> ClientResult:
         return self.sessions.pop(client_id).close()
 
     def info(self) -> dict[str, Any]:
@@ -85,11 +84,10 @@ class ClientActor:
         }
 
 
-def create_client_actors(
-    config: RunConfig, dataset_ref: ray.ObjectRef, train_indices: list, run_id: str, count: int
-) -> list[ray.actor.ActorHandle]:
+def create_client_actors(config: RunConfig, federation_ref: ray.ObjectRef, run_id: str, count: int) -> list[ray.actor.ActorHandle]:
     """`count` client actors named `rayfl:<run_id>:client-<k>`, restartable (a killed actor
-    comes back with the same arguments and the executor retries its task)."""
+    comes back with the same arguments and the executor retries its task). Each reads the
+    federation (dataset, partition, client procedure) from the object store."""
     ray_cfg = config.ray
     options = dict(
         num_cpus=ray_cfg.cpus_per_actor,
@@ -100,8 +98,6 @@ def create_client_actors(
     )
     threads = torch_threads_for(ray_cfg.cpus_per_actor)
     return [
-        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote(
-            config, dataset_ref, train_indices, threads, ray_cfg.gpus_per_actor
-        )
+        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote([federation_ref], threads, ray_cfg.gpus_per_actor)
         for k in range(count)
     ]

@@ -1,8 +1,9 @@
 """The coordinator actor: hosts one federation's round loop on Ray.
 
 It owns the global model, the server policy, the device population, the virtual clock and
-the metrics writer (all core objects), creates the client actors, and runs the core's
-`run_federation` with a `RayExecutor`, so its metrics equal the in-process runner's. It is a
+the metrics writer (the federation the driver built, read from the object store), and runs the
+core's `run_federation` with a `RayExecutor` over the client actors, so its metrics equal the
+in-process runner's. It is a
 threaded actor (two threads): `run` drives the rounds while `progress` answers the driver.
 """
 
@@ -16,9 +17,7 @@ from ray.util import metrics as ray_metrics
 
 from actors.client import NAMESPACE, actor_name, create_client_actors
 from actors.pool import RayExecutor, pool_size
-from rayfl.config import RunConfig
-from rayfl.data import Partition
-from rayfl.engine import build_federation
+from rayfl.engine import Federation
 from rayfl.runner import run_federation, torch_threads
 
 
@@ -47,17 +46,15 @@ class DashboardMetrics:
 
 @ray.remote(max_concurrency=2)
 class Coordinator:
-    def __init__(self, config: RunConfig, dataset_box: list, run_dir: str, run_id: str, clients: list):
-        # Boxed, so the reference arrives unresolved: holding it keeps the dataset in the object
-        # store for as long as the run, which a restarting client actor needs.
-        self.dataset_ref = dataset_box[0]
-        with torch_threads():
-            self.fed = build_federation(config, ray.get(self.dataset_ref))
-            self.fed.cost_of(self.fed.policy.global_model())  # measure FLOPs while the client actors start
+    def __init__(self, federation_box: list, run_dir: str, run_id: str, clients: list):
+        # Boxed, so the reference arrives unresolved: holding it keeps the federation (and its
+        # dataset) in the object store for as long as the run, which a restarting client needs.
+        self.federation_ref = federation_box[0]
+        self.fed = ray.get(self.federation_ref)
         self.run_dir = run_dir
         self.run_id = run_id
         self.clients = clients
-        self.metrics = DashboardMetrics(run_id, config.algorithm.name)
+        self.metrics = DashboardMetrics(run_id, self.fed.config.algorithm.name)
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -89,12 +86,12 @@ class Coordinator:
             ray.kill(actor)
 
 
-def start_federation(config: RunConfig, dataset: Any, partition: Partition, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
-    """Put the dataset in the object store once, start the client actors (as many as the free
-    resources hold under `num_actors: auto`) and `rayfl:<run_id>:coordinator`, all at once."""
-    dataset_ref = ray.put(dataset)
-    num_actors = pool_size(config, ray.available_resources())
-    clients = create_client_actors(config, dataset_ref, list(partition.train), run_id, num_actors)
+def start_federation(fed: Federation, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
+    """Put the built federation in the object store once, start the client actors (as many as
+    the free resources hold under `num_actors: auto`) and `rayfl:<run_id>:coordinator`, all at once."""
+    fed_ref = ray.put(fed)
+    num_actors = pool_size(fed.config, ray.available_resources())
+    clients = create_client_actors(fed.config, fed_ref, run_id, num_actors)
     return Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
-        config, [dataset_ref], run_dir, run_id, clients
+        [fed_ref], run_dir, run_id, clients
     )

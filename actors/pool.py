@@ -4,24 +4,26 @@ The executor puts each distinct weights dict in the object store once per round 
 the reference, so every actor reads the same arrays zero-copy. A task whose actor dies is
 retried on another actor (a restarted actor rejoins the pool; one that fails `max_attempts`
 calls in a row leaves it); after `max_attempts` tries the client is recorded as failed for
-the round.
+the round. Under `clock: emulate` an actor that finished early holds until its client's
+scaled virtual time has passed. A server-in-the-loop round pins each session to one actor and
+relays the driver's calls (`ActorRelay`); the executor knows nothing of what they carry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections import deque
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import numpy as np
 import ray
-import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.config import ConfigError, RunConfig
-from rayfl.algorithms.split import SplitTask, TopServer
+from rayfl.engine import Pace
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
@@ -49,33 +51,40 @@ class RayExecutor:
         self.actors = list(actors)
         self.max_attempts = max_attempts
 
-    def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
+    def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:
+        """Each distinct weights dict of the round in the object store once, by id."""
         refs: dict[int, ray.ObjectRef] = {}
+        for task in tasks:
+            if id(task.weights) not in refs:
+                refs[id(task.weights)] = ray.put(dict(task.weights))
+        return refs
+
+    def run(self, tasks: Sequence[ClientTask], pace: Pace | None = None) -> list[ClientResult | ClientFailure]:
+        refs = self.put_weights(tasks)
         pending = deque(tasks)
         idle = deque(self.actors)
         attempts: dict[int, int] = {}
         strikes: dict[int, int] = {}  # consecutive failed calls per actor
-        inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, ClientTask]] = {}
+        inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, ClientTask | None, float]] = {}
         out: list[ClientResult | ClientFailure] = []
         while pending or inflight:
             while pending and idle:
                 task = pending.popleft()
                 actor = idle.popleft()
-                key = id(task.weights)
-                if key not in refs:
-                    refs[key] = ray.put(dict(task.weights))
-                light = dataclasses.replace(task, weights={})
                 call = actor.run.options(name=f"round{task.round}/client{task.client_id}")
-                inflight[call.remote(light, refs[key])] = (actor, task)
+                inflight[call.remote(dataclasses.replace(task, weights={}), refs[id(task.weights)])] = (actor, task, time.perf_counter())
             if not inflight:  # every actor is gone
                 out += [ClientFailure(t.client_id, t.round, "no client actor left") for t in pending]
                 break
             ready, _ = ray.wait(list(inflight), num_returns=1)
-            actor, task = inflight.pop(ready[0])
-            try:
-                out.append(ray.get(ready[0]))
-                strikes[id(actor)] = 0
+            actor, task, started = inflight.pop(ready[0])
+            if task is None:  # a pacing hold ended: the actor is free again
+                ray.get(ready[0])
                 idle.append(actor)
+                continue
+            try:
+                result = ray.get(ready[0])
+                strikes[id(actor)] = 0
             except RayActorError:
                 strikes[id(actor)] = strikes.get(id(actor), 0) + 1
                 if strikes[id(actor)] < self.max_attempts:
@@ -87,35 +96,51 @@ class RayExecutor:
                     pending.append(task)
                 else:
                     out.append(ClientFailure(task.client_id, task.round, f"actor died {self.max_attempts} times"))
+                continue
             except RayTaskError as exc:
                 idle.append(actor)
                 out.append(ClientFailure(task.client_id, task.round, f"{type(exc.cause).__name__}: {exc.cause}"))
+                continue
+            out.append(result)
+            hold = pace(task, result) - (time.perf_counter() - started) if pace is not None and isinstance(result, ClientResult) else 0.0
+            if hold > 0:
+                inflight[actor.hold.options(name=f"round{task.round}/client{task.client_id}/pace").remote(hold)] = (actor, None, 0.0)
+            else:
+                idle.append(actor)
         return out
 
-    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
-        """Split learning with every worker pinned to one actor for the round (round-robin in task
-        order): per iteration all bottom forwards run in parallel across actors, the server steps,
-        and the gradients go back; an actor runs its calls in order, so the next forward waits for
-        the backward. A dying actor fails the round's split exchange (no retry mid-round)."""
+    def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
+        """A server-in-the-loop round with every client's session pinned to one actor for the
+        round (round-robin in task order). An actor runs its calls in order; a dying actor fails
+        the round's exchange (no retry mid-round)."""
         if not tasks:
             return []
-        home = {t.client_id: self.actors[i % len(self.actors)] for i, t in enumerate(tasks)}
-        refs: dict[int, ray.ObjectRef] = {}
-        opened = []
-        for t in tasks:
-            key = id(t.weights)
-            if key not in refs:
-                refs[key] = ray.put(dict(t.weights))
-            opened.append(home[t.client_id].split_open.remote(dataclasses.replace(t, weights={}), refs[key]))
-        pending = opened
-        for _ in range(tasks[0].tau):
-            forwards = [home[t.client_id].split_forward.remote(t.client_id) for t in tasks]
-            ray.get(pending)  # surfaces a failed backward; the forwards already queue behind them
-            outs = ray.get(forwards)
-            features = [torch.from_numpy(np.array(f)) for f, _ in outs]
-            labels = [torch.from_numpy(np.array(y)) for _, y in outs]
-            losses, grads = server.step(features, labels)
-            pending = [home[t.client_id].split_backward.remote(t.client_id, g.numpy(), loss) for t, g, loss in zip(tasks, grads, losses)]
-        ray.get(pending)
-        return ray.get([home[t.client_id].split_close.remote(t.client_id) for t in tasks])
+        refs = self.put_weights(tasks)
+        homes = [(self.actors[i % len(self.actors)], t.client_id) for i, t in enumerate(tasks)]
+        relay = ActorRelay(homes)
+        relay.pending = [a.open_session.remote(dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
+        driver.drive(relay)
+        ray.get(relay.pending)
+        return ray.get([a.close_session.remote(c) for a, c in homes])
 
+
+class ActorRelay:
+    """A relay to sessions on client actors: calls go out to every session at once; the replies
+    of `post`ed calls are awaited only before the next call, so work overlaps across actors."""
+
+    def __init__(self, homes: Sequence[tuple[ray.actor.ActorHandle, int]]):
+        self.homes = list(homes)
+        self.pending: list[ray.ObjectRef] = []
+
+    def send(self, method: str, args: Sequence[tuple] | None) -> list[ray.ObjectRef]:
+        per = per_session(args, len(self.homes), method)
+        return [actor.session_call.remote(client, method, a) for (actor, client), a in zip(self.homes, per)]
+
+    def call(self, method: str, args: Sequence[tuple] | None = None) -> list[Any]:
+        refs = self.send(method, args)
+        ray.get(self.pending)  # surfaces a failed earlier call; the new calls already queue behind it
+        self.pending = []
+        return ray.get(refs)
+
+    def post(self, method: str, args: Sequence[tuple] | None = None) -> None:
+        self.pending += self.send(method, args)

@@ -43,7 +43,7 @@ def plain_loop(rounds: int) -> dict:
 
     from rayfl import rng
     from rayfl.client import batches
-    from rayfl.config import load_config
+    from rayfl.loader import load_config
     from rayfl.data import load_dataset, partition
     from rayfl.models import build_model
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -38,7 +37,7 @@ RUNS = {
 def one(job: tuple[str, str, list[str], str]) -> dict:
     import pandas as pd
 
-    from rayfl.config import load_config
+    from rayfl.loader import load_config
     from rayfl.runner import run_local
 
     label, example, sets, out = job

@@ -1,7 +1,7 @@
 """One split-learning iteration with 10 workers: on Ray (workers pinned to client actors) against
 the same iterations in one process.
 
-Both sides run the same exchange (`run_split`): every worker forwards a batch through its bottom
+Both sides run the same exchange (`Executor.exchange`): every worker forwards a batch through its bottom
 model, the coordinator merges the features and steps the top model, every worker gets its
 gradient and steps. Ray's side crosses process boundaries twice per worker per iteration
 (features up, gradients down); the in-process side calls the same functions directly. Prints the
@@ -13,7 +13,6 @@ mean milliseconds per iteration of each, the overhead, and Ray's per-worker cost
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 
@@ -28,31 +27,29 @@ def main() -> None:
 
     from actors.client import create_client_actors
     from actors.pool import RayExecutor
-    from rayfl.config import load_config
+    from rayfl.loader import load_config
     from rayfl.engine import build_federation
     from rayfl.runner import InProcessExecutor, torch_threads
 
-    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", "model.name=cnn2", f"federation.batch_size={args.batch}", "federation.clients_per_round=10"]
+    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", "federation.clients_per_round=10"]
     timings = {}
     with torch_threads():
         fed = build_federation(load_config(None, sets))
         state = fed.policy.init_state(fed.initial_weights())
 
-        def tasks(tau: int):
-            return [dataclasses.replace(t, tau=tau) for t in fed.policy.configure(state, 1, list(range(10)))]
+        tasks = fed.policy.configure(state, 1, list(range(10)))
 
         def timed(executor) -> float:
-            warm = tasks(2)
-            executor.run_split(warm, fed.policy.open_server(state, 1, warm))  # warm-up (first autograd calls)
-            server = fed.policy.open_server(state, 1, warm)
+            executor.exchange(tasks, fed.policy.open_driver(state, 1, tasks))  # warm-up (first autograd calls)
+            driver = fed.policy.open_driver(state, 1, tasks)
             start = time.perf_counter()
-            executor.run_split(tasks(args.iterations), server)
+            executor.exchange(tasks, driver)
             return (time.perf_counter() - start) / args.iterations * 1e3
 
         timings["in one process"] = timed(InProcessExecutor(fed))
         ray.init(address="local", num_cpus=args.actors, include_dashboard=False, log_to_driver=False)
         try:
-            actors = create_client_actors(fed.config, ray.put(fed.dataset), list(fed.partition.train), "bench", args.actors)
+            actors = create_client_actors(fed.config, ray.put(fed), "bench", args.actors)
             ray.get([a.info.remote() for a in actors])
             timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors))
         finally:

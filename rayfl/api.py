@@ -14,7 +14,6 @@ from typing import Any, Mapping
 import yaml
 
 from .config import ConfigError, RunConfig, to_dict
-from .data import load_dataset
 from .engine import build_federation
 from .runner import Progress, new_run_dir
 
@@ -48,10 +47,10 @@ def run(
     (default: RUN_DIR's name).
 
     Everything that can be wrong with the input (dataset, partition, model, device profile) is
-    checked before Ray starts. The dataset enters the object store once.
+    checked before Ray starts: the federation is built here, once, and enters the object store
+    once (dataset included), where the coordinator and the client actors read it.
     """
-    dataset = load_dataset(config.data, config.seed)
-    fed = build_federation(config, dataset)  # validates partition, profile and model against the data
+    fed = build_federation(config)  # validates data, partition, profile and model; built once, shipped
     run_dir = Path(run_dir or new_run_dir(config)).resolve()
     run_id = run_id or run_dir.name
 
@@ -62,7 +61,7 @@ def run(
     connected = connect(address or config.ray.address, config.ray.dashboard)
     coordinator = None
     try:
-        coordinator = start_federation(config, dataset, fed.partition, str(run_dir), run_id)
+        coordinator = start_federation(fed, str(run_dir), run_id)
         ray.get(coordinator.ready.remote())
         done = coordinator.run.remote(resume)
         finished = False

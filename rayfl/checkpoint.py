@@ -1,14 +1,18 @@
 """Checkpoints: the server state every K rounds under RUN_DIR/checkpoints/, for `--resume`.
 
-A checkpoint holds plain data only (numbers, strings, tensors), written with `torch.save` and
-read with `torch.load(weights_only=True)`, so loading one never runs code from the file.
-Randomness is keyed by (seed, round, client, purpose), hence a resumed run equals one that
-never stopped.
+Any server state checkpoints: `ServerState` and whatever it nests (per-group server optimizers,
+per-client dicts of numbers, momentum buffers, ...) as long as it is built from dicts, lists,
+tuples and dataclasses of numpy arrays, numbers, strings and None. It is written as plain data
+(`encode`: arrays become tensors, a dataclass a tagged dict of its fields) with `torch.save`,
+and read with `torch.load(weights_only=True)`, so loading one never runs code from the file; a
+dataclass is rebuilt only from a class already loaded in this process. Randomness is keyed by
+(seed, round, client, purpose), hence a resumed run equals one that never stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,39 +20,63 @@ import numpy as np
 import torch
 
 from .algorithms.base import ServerState
-from .algorithms.server_opt import ServerOptState
 from .config import ConfigError
 
 FOLDER = "checkpoints"
+_DATACLASS = "__dataclass__"
 
 
-def _tensors(arrays: Mapping[str, np.ndarray] | None) -> dict[str, torch.Tensor] | None:
-    return None if arrays is None else {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
+def encode(value: Any, where: str = "state") -> Any:
+    """Plain data for `torch.save(weights_only-loadable)`: arrays -> tensors, dataclasses -> tagged
+    dicts, numpy scalars -> 0-d arrays; `TypeError` naming the path of anything else."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype == object or value.dtype.kind in "USV":
+            raise TypeError(f"{where}: cannot checkpoint a numpy array of dtype {value.dtype}")
+        return torch.from_numpy(np.array(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init}
+        cls = type(value)
+        return {_DATACLASS: f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            key = int(k) if isinstance(k, np.integer) else k
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise TypeError(f"{where}: cannot checkpoint a dict key of type {type(k).__name__}")
+            out[key] = encode(v, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if isinstance(value, list) else tuple(items)
+    raise TypeError(f"{where}: cannot checkpoint a value of type {type(value).__name__}")
 
 
-def _arrays(tensors: Mapping[str, torch.Tensor] | None) -> dict[str, np.ndarray] | None:
-    return None if tensors is None else {k: v.numpy() for k, v in tensors.items()}
+def decode(value: Any) -> Any:
+    """The inverse of `encode`: tensors -> numpy arrays, tagged dicts -> their dataclasses."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        if _DATACLASS in value:
+            return _dataclass(value[_DATACLASS])(**{k: decode(v) for k, v in value["fields"].items()})
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(decode(v) for v in value)
+    return value
 
 
-def encode(state: ServerState) -> dict[str, Any]:
-    """ServerState -> plain data. Per-client state must be name-keyed arrays (or empty)."""
-    opt = state.opt_state
-    if opt is not None and not isinstance(opt, ServerOptState):
-        raise TypeError(f"cannot checkpoint server optimizer state of type {type(opt).__name__}")
-    return {
-        "round": state.round,
-        "weights": _tensors(state.weights),
-        "opt_state": None if opt is None else {**dataclasses.asdict(opt), "m": _tensors(opt.m), "v": _tensors(opt.v)},
-        "clients": {int(c): _tensors(s) for c, s in state.clients.items()},
-    }
-
-
-def decode(data: Mapping[str, Any]) -> ServerState:
-    opt = data["opt_state"]
-    if opt is not None:
-        opt = ServerOptState(**{**opt, "m": _arrays(opt["m"]), "v": _arrays(opt["v"])})
-    clients = {int(c): _arrays(s) for c, s in data["clients"].items()}
-    return ServerState(round=int(data["round"]), weights=_arrays(data["weights"]), opt_state=opt, clients=clients)
+def _dataclass(name: str) -> type:
+    """A dataclass named `module:qualname` in a module this process has already imported."""
+    module_name, _, qualname = name.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ConfigError(f"checkpoint: {name} is not a dataclass loaded in this process")
+    return obj
 
 
 def save(run_dir: str | Path, state: ServerState, virtual_time_s: float) -> Path:

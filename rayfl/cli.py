@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .config import ConfigError, apply_overrides, load_config, parse_config
+from .config import ConfigError
+from .loader import apply_overrides, load_config, parse_config
 
 
 class ProgressBar:

@@ -1,40 +1,43 @@
-"""The shared client executor loop: one place that turns a `ClientTask` into a `ClientResult`.
+"""Where client tasks run: the `ClientRunner` both runners host, and the pieces every local loop shares.
 
-Both the in-process runner and the Ray client actors host a `ClientRunner`: it holds the
-training arrays and the partition, caches one module per model variant, and drives an
-algorithm's client procedure (init / step per batch / final) over seeded batches.
+The in-process executor and each Ray client actor hold a `ClientRunner`: the training arrays,
+the partition and the algorithm's client procedure. For each task it hands the procedure the
+client's data (`ClientData`) and a `ClientContext` (seeded batches, cached model variants,
+the non-finite check), runs the procedure's `run` with torch's RNG keyed by (seed, round,
+client), and turns a non-finite loss into a `ClientFailure`. Sessions of server-in-the-loop
+rounds are opened here too.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import rng
-from .algorithms import registry
 from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
-from .config import RunConfig
-from .devices.cost import nbytes
-from .models import ModelCache, to_torch
-from .models.layers import split
-from .algorithms.split import SplitSession, SplitTask
+from .config import ModelConfig
+from .models import ModelCache
 from .types import Weights
+
+if TYPE_CHECKING:
+    from .algorithms.exchange import ClientSession
+    from .engine import Federation
 
 TORCH_THREADS = 1
 """Client training and evaluation run with a fixed torch thread count, so results do not
 depend on the host (in-process, one actor or many give bit-identical metrics)."""
 
 
-def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+class ClientDiverged(Exception):
+    """Raised by `ClientContext.finite`: the task ends as a `ClientFailure` with this reason."""
 
 
-def batches(num_examples: int, batch_size: int, g: np.random.Generator) -> list[np.ndarray]:
+def epoch_batches(num_examples: int, batch_size: int, g: np.random.Generator) -> list[np.ndarray]:
     """One epoch's shuffled batches; a trailing batch of a single sample is dropped (batch
     norm cannot train on it) unless it is the client's only sample."""
     order = g.permutation(num_examples)
@@ -44,59 +47,95 @@ def batches(num_examples: int, batch_size: int, g: np.random.Generator) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class ClientData:
+    """One client's training samples, on the device the task runs on."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[idx], self.y[idx]
+
+
+class ClientContext:
+    """What a client procedure's `run` shares with every other: written once, called by any loop."""
+
+    def __init__(self, seed: int, models: ModelCache):
+        self.seed = seed
+        self.models = models
+
+    @property
+    def device(self) -> str:
+        return self.models.device
+
+    def load(self, variant: ModelConfig, weights: Weights) -> nn.Module:
+        """The variant's cached module, loaded with `weights` (numpy)."""
+        return self.models.load(variant, weights)
+
+    def build(self, variant: ModelConfig) -> nn.Module:
+        """A module of its own (not cached): for procedures that hold several models at once."""
+        return self.models.build(variant)
+
+    def batches(
+        self, task: ClientTask, num_examples: int, epochs: int | None = None, batch_size: int | None = None, purpose: str = "batches"
+    ) -> Iterator[np.ndarray]:
+        """Index batches of `epochs` (default the task's) shuffled epochs, drawn from the
+        generator keyed by (seed, round, client, purpose); a second pass with its own purpose
+        (a fine-tuning stage, say) draws independently of the first."""
+        g = rng.generator(self.seed, purpose, task.round, task.client_id)
+        for _ in range(task.local_epochs if epochs is None else epochs):
+            yield from epoch_batches(num_examples, batch_size or task.batch_size, g)
+
+    @staticmethod
+    def finite(loss: float) -> float:
+        """`loss`, or the end of the task as a failure when it is NaN or infinite."""
+        if not math.isfinite(loss):
+            raise ClientDiverged("non-finite training loss")
+        return loss
+
+
 class ClientRunner:
     """Runs client tasks of one federation against the training arrays it holds."""
 
     def __init__(
         self,
-        config: RunConfig,
+        procedure: ClientProcedure,
         x_train: np.ndarray,
         y_train: np.ndarray,
         train_indices: Sequence[np.ndarray],
         num_classes: int,
+        seed: int,
         device: str = "cpu",
     ):
-        self.config = config
+        self.procedure = procedure
         self.x_train, self.y_train = x_train, y_train
         self.train_indices = train_indices
-        self.procedure: ClientProcedure = registry.get(config.algorithm.name).procedure(config)
-        self.models = ModelCache(x_train.shape[1:], num_classes, device)
-        self.device = device
+        self.seed = seed
+        self.context = ClientContext(seed, ModelCache(x_train.shape[1:], num_classes, device))
 
-    def open_split(self, task: SplitTask) -> SplitSession:
-        """A bottom-model session for a split-learning task (the model cut at its split layer).
-        Each session owns its module: one executor may hold several workers' sessions at once."""
-        idx = self.train_indices[task.client_id]
-        bottom = split(self.models.build(task.model).to(self.device), task.model.split_layer)[0]
-        bottom.load_state_dict(to_torch(task.weights))
-        x = torch.from_numpy(self.x_train[idx]).to(self.device)
-        y = torch.from_numpy(self.y_train[idx]).to(self.device)
-        return SplitSession(task, bottom, x, y, self.config.seed, self.config.federation.momentum)
+    @classmethod
+    def of(cls, fed: "Federation", device: str = "cpu") -> "ClientRunner":
+        ds = fed.dataset
+        return cls(fed.procedure, ds.x_train, ds.y_train, fed.partition.train, ds.num_classes, fed.config.seed, device)
+
+    def data(self, client: int) -> ClientData:
+        idx = self.train_indices[client]
+        device = self.context.device
+        return ClientData(torch.from_numpy(self.x_train[idx]).to(device), torch.from_numpy(self.y_train[idx]).to(device))
 
     def run(self, task: ClientTask) -> ClientResult | ClientFailure:
-        """Local training for one task; a non-finite loss ends it early as a `ClientFailure`.
+        """The procedure's local round, its torch draws keyed by (seed, round, client)."""
+        with rng.seeded_torch(self.seed, "client-train", task.round, task.client_id):
+            try:
+                return self.procedure.run(task, self.data(task.client_id), self.context)
+            except ClientDiverged as exc:
+                return ClientFailure(task.client_id, task.round, str(exc))
 
-        With `task.pace` (clock: emulate) the call then sleeps until its wall time equals its
-        scaled virtual time, so stragglers are real to Ray's scheduler.
-        """
-        start = time.perf_counter()
-        idx = self.train_indices[task.client_id]
-        x = torch.from_numpy(self.x_train[idx]).to(self.device)
-        y = torch.from_numpy(self.y_train[idx]).to(self.device)
-        model = self.models.load(task.model, task.weights)
-        with rng.seeded_torch(self.config.seed, "client-train", task.round, task.client_id):
-            state = self.procedure.init(task, model)
-            g = rng.generator(self.config.seed, "batches", task.round, task.client_id)
-            total, samples = 0.0, 0
-            for _ in range(task.local_epochs):
-                for b in batches(len(idx), task.batch_size, g):
-                    loss = self.procedure.step(state, (x[b], y[b]))
-                    if not math.isfinite(loss):
-                        return ClientFailure(task.client_id, task.round, "non-finite training loss")
-                    total += loss * len(b)
-                    samples += len(b)
-            result = self.procedure.final(task, state, len(idx), samples, total / max(samples, 1))
-        if task.pace is not None:
-            wall = task.pace.wall_seconds(samples, nbytes(task.weights), nbytes(result.weights))
-            time.sleep(max(0.0, wall - (time.perf_counter() - start)))
-        return result
+    def open_session(self, task: ClientTask) -> "ClientSession":
+        """The procedure's session for a server-in-the-loop round (each owns its modules, so one
+        host may hold several clients' sessions at once)."""
+        return self.procedure.open_session(task, self.data(task.client_id), self.context)

@@ -1,10 +1,9 @@
-"""Run configuration: YAML -> validated, frozen pydantic models.
+"""Run configuration schema: validated, frozen pydantic models (no registry is imported here).
 
 The key names follow DESIGN.md's config contract. Unknown keys and wrong types are
-errors that name the offending key (`ConfigError`); `--set a.b=c` overrides are applied
-to the raw mapping before validation, with YAML-typed values. The model and algorithm
-sections are validated by the config class their family or algorithm registers, so
-each carries its own keys (`algorithm.mu` for FedProx, `model.rate` for width, ...).
+errors that name the offending key (`ConfigError`). `rayfl.loader` reads YAML, applies
+`--set` overrides and validates the model and algorithm sections with the config class
+their family or algorithm registers.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -111,19 +110,74 @@ class AlgorithmConfig(Strict):
 # ----------------------------------------------------------------------------- federation
 
 
+class ConstantSchedule(Strict):
+    """The same learning rate every round."""
+
+    kind: Literal["constant"] = "constant"
+
+
+class ExponentialSchedule(Strict):
+    """lr_r = max(lr * gamma^(r-1), min_lr) (MergeSFL: gamma 0.993, min_lr 0.005)."""
+
+    kind: Literal["exponential"] = "exponential"
+    gamma: float = Field(0.993, gt=0, le=1, description="decay per round")
+    min_lr: float = Field(0.0, ge=0, description="floor of the decayed rate")
+
+
+class MultiStepSchedule(Strict):
+    """lr times gamma at each milestone (HeteroFL: MultiStepLR, gamma 0.1, stepped per round)."""
+
+    kind: Literal["multistep"] = "multistep"
+    milestones: list[float] = Field(min_length=1, description="fractions of the rounds in (0, 1), or round numbers >= 1")
+    gamma: float = Field(0.1, gt=0, le=1)
+
+    @field_validator("milestones")
+    @classmethod
+    def _milestones(cls, v: list[float]) -> list[float]:
+        fractions = all(0 < m < 1 for m in v)
+        rounds = all(m >= 1 and float(m).is_integer() for m in v)
+        if not (fractions or rounds):
+            raise ValueError("give fractions of the rounds (all in (0, 1)) or round numbers (all integers >= 1)")
+        if sorted(v) != list(v):
+            raise ValueError("milestones must be in increasing order")
+        return v
+
+
+class CosineSchedule(Strict):
+    """Cosine annealing over the rounds: min_lr + (lr - min_lr)(1 + cos(pi (r-1) / R)) / 2 (FeDepth's code)."""
+
+    kind: Literal["cosine"] = "cosine"
+    min_lr: float = Field(0.0, ge=0)
+
+
+LrSchedule = Annotated[
+    Union[ConstantSchedule, ExponentialSchedule, MultiStepSchedule, CosineSchedule],
+    Field(discriminator="kind"),
+]
+
+
 class FederationConfig(Strict):
     rounds: int = Field(30, ge=1)
     clients_per_round: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(10, ge=1)
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="the clients' local optimizer (and a split top model's)")
     lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
+    lr_schedule: LrSchedule = Field(ConstantSchedule(), description="lr over rounds; the server sets each round's rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (sgd only)")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(None, gt=0, description="clip each step's gradient norm to this (HeteroFL: 1)")
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_batch_size: int = Field(500, ge=1)
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum_is_sgd_only(cls, v: float, info: ValidationInfo) -> float:
+        if v and info.data.get("optimizer", "sgd") != "sgd":
+            raise ValueError(f"applies to optimizer sgd only ({info.data['optimizer']} keeps its own moments)")
+        return v
 
 
 class DevicesConfig(Strict):
@@ -181,7 +235,7 @@ class RunConfig(Strict):
         return self
 
 
-# ----------------------------------------------------------------------------- loading
+# ----------------------------------------------------------------------------- errors and files
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
@@ -217,85 +271,6 @@ def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -
     return f"{'.'.join([*prefix, *loc]) or '<config>'}: {' or '.join(messages)}"
 
 
-def _section(raw: Mapping[str, Any], name: str, lookup) -> BaseModel:
-    section = raw.get(name, {})
-    if section is None:
-        section = {}
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"{name}: expected a mapping, got {type(section).__name__}")
-    kind = section.get("name", RunConfig.model_fields[name].default.name)
-    try:
-        cls = lookup(kind)
-    except KeyError as exc:
-        raise ConfigError(f"{name}.name: {exc.args[0]}") from None
-    try:
-        return cls.model_validate(section)
-    except ValidationError as exc:
-        raise ConfigError(format_error(exc, section, (name,))) from None
-
-
-def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
-    """Validate a raw mapping (from YAML) into a `RunConfig`; raise `ConfigError` naming the key."""
-    from .algorithms import registry as algorithms
-    from .models import registry as models
-
-    raw = dict(raw or {})
-    if not all(isinstance(k, str) for k in raw):
-        raise ConfigError("<config>: keys must be strings")
-    parsed = dict(raw)
-    parsed["model"] = _section(raw, "model", models.config_class)
-    parsed["algorithm"] = _section(raw, "algorithm", algorithms.config_class)
-    try:
-        return RunConfig.model_validate(parsed)
-    except ValidationError as exc:
-        raise ConfigError(format_error(exc, raw)) from None
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=c` -> (["a", "b"], yaml_value(c))."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text}: expected KEY=VALUE")
-    key, value = text.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {text}: empty key")
-    try:
-        return parts, yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value is not valid YAML ({exc.__class__.__name__})") from None
-
-
-def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply dotted `KEY=VALUE` overrides to a raw mapping (new dicts; the input is untouched)."""
-    out: Mapping[str, Any] = raw
-    for text in overrides:
-        parts, value = parse_override(text)
-        out = set_values(out, {".".join(parts): value}, "--set ")
-    return _copy(out)
-
-
-def set_values(raw: Mapping[str, Any], values: Mapping[str, Any], label: str = "") -> dict[str, Any]:
-    """Set dotted keys (`federation.lr`) to values in a copy of a raw mapping; errors start with
-    `label` and name the key."""
-    out: dict[str, Any] = _copy(raw)
-    for key, value in values.items():
-        parts = key.split(".")
-        node = out
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"{label}{key}: {'.'.join(parts[: depth + 1])} is not a mapping")
-            node = child
-        node[parts[-1]] = value
-    return out
-
-
-def _copy(raw: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-
-
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with `yaml.safe_load`; errors name the file."""
     path = Path(path)
@@ -312,12 +287,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Config file (or the embedded default when None) plus `--set` overrides -> `RunConfig`."""
-    raw = read_yaml(path) if path is not None else {}
-    return parse_config(apply_overrides(raw, overrides or []))
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:

@@ -2,47 +2,52 @@
 both call `run_round` with their own executor.
 
 A round: the policy selects among the available clients and configures tasks; the executor
-runs them (in any order, anywhere); results are sorted by client id, validated against the
-task they answer, costed on the virtual clock and aggregated by the policy; the global model
-is evaluated; one round row and one row per client are returned.
+runs them (in any order, anywhere), or, when the policy opens a driver for the round, opens one
+session per task and relays the driver's calls to them; results are sorted by client id,
+validated against the task they answer, costed on the virtual clock and aggregated by the
+policy; the global model is evaluated; one round row and one row per client are returned.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from . import rng
 from .algorithms import registry
 from .algorithms.aggregate import invalid_reason
-from .algorithms.base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
-from .client import to_numpy
-from .evaluate import Evaluator
-from .algorithms.split import SplitPolicy, SplitTask, TopServer
-from .models import ModelCache
+from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .algorithms.exchange import RoundDriver
 from .config import ModelConfig, RunConfig
 from .data import Dataset, Partition, load_dataset, partition
-from .devices import CostCache, ModelCost, Pace, Population, client_time, configured_profile, round_duration
+from .devices import CostCache, ModelCost, Population, client_time, configured_profile, round_duration
+from .evaluate import Evaluator
+from .models import ModelCache, to_numpy
 from .types import Round
+
+Pace = Callable[[ClientTask, ClientResult], float]
+"""`clock: emulate`: the wall seconds a client's task must take (its scaled virtual time)."""
 
 
 class Executor(Protocol):
     """Runs a round's client tasks and returns one outcome per task, in any order."""
 
-    def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]: ...
+    def run(self, tasks: Sequence[ClientTask], pace: Pace | None = None) -> list[ClientResult | ClientFailure]:
+        """Each task on its own; with `pace`, the host that ran a task stays busy until the task
+        has taken `pace(task, result)` wall seconds."""
 
-    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
-        """Split learning: per iteration, every task's bottom forward, `server.step`, every backward."""
+    def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
+        """A server-in-the-loop round: open a session per task, let `driver` drive them through a
+        relay, close them and return their results."""
 
 
 @dataclass(frozen=True, eq=False)
 class Federation:
-    """The static parts of a run, built once from its config."""
+    """The static parts of a run, built once from its config (then shipped to where it runs)."""
 
     config: RunConfig
     dataset: Dataset
@@ -50,6 +55,7 @@ class Federation:
     population: Population
     context: FederationContext
     policy: ServerPolicy
+    procedure: ClientProcedure
     models: ModelCache
     costs: CostCache
     evaluator: Evaluator
@@ -84,9 +90,10 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
         cost_of=lambda variant: costs.get(variant, lambda: models.build(variant), dataset.input_shape),
         device_state=population.state,
     )
-    policy = registry.get(config.algorithm.name).policy(config, context)
+    algorithm = registry.get(config.algorithm.name)
+    policy = algorithm.policy(config, context)
     evaluator = Evaluator(dataset, parts.train, models, config.federation.eval_batch_size)
-    return Federation(config, dataset, parts, population, context, policy, models, costs, evaluator)
+    return Federation(config, dataset, parts, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
 
 
 @dataclass(frozen=True)
@@ -100,22 +107,25 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     """One synchronous round; `virtual_time_s` is the clock before it starts."""
     policy, cfg = fed.policy, fed.config
     selected = policy.select(state, rnd, fed.population.available(rnd))
-    tasks = {t.client_id: t for t in policy.configure(state, rnd, selected)}
-    split = isinstance(policy, SplitPolicy)
-    if cfg.clock == "emulate" and not split:
-        tasks = {
-            c: dataclasses.replace(t, pace=Pace(fed.population.state(c, rnd), fed.cost_of(t.model).train_flops, cfg.clock_scale))
-            for c, t in tasks.items()
-        }
-    ordered = [tasks[c] for c in sorted(tasks)]
-    server = policy.open_server(state, rnd, ordered) if split else None
+    tasks = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
+    by_client = {t.client_id: t for t in tasks}
+    emulate = cfg.clock == "emulate"
+
+    def seconds(task: ClientTask, result: ClientResult) -> float:
+        return client_time(fed.population.state(task.client_id, rnd), *policy.client_cost(task, result)).total_s
+
+    driver = policy.open_driver(state, rnd, tasks)
     started = time.perf_counter()
-    outcomes = sorted(executor.run_split(ordered, server) if split else executor.run(ordered), key=lambda r: r.client_id)
+    if driver is None:
+        outcomes = executor.run(tasks, (lambda t, r: cfg.clock_scale * seconds(t, r)) if emulate else None)
+    else:
+        outcomes = executor.exchange(tasks, driver)
+    outcomes = sorted(outcomes, key=lambda r: r.client_id)
 
     accepted: list[ClientResult] = []
     rows: list[dict[str, Any]] = []
     for out in outcomes:
-        task = tasks[out.client_id]
+        task = by_client[out.client_id]
         device = fed.population.state(out.client_id, rnd)
         row: dict[str, Any] = {
             "round": rnd,
@@ -124,6 +134,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             "device_flops": device.flops,
             "bandwidth_mbps": device.bandwidth_bps / 1e6,
             "batch_size": task.batch_size,
+            "lr": task.optimizer.lr,
             "model_rate": getattr(task.model, "rate", math.nan),
         }
         if isinstance(out, ClientFailure):
@@ -145,6 +156,7 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             bytes_down=down,
             bytes_up=up,
             train_loss=out.train_loss,
+            **out.metrics,
         )
         rows.append(row)
         if not reason:
@@ -154,12 +166,14 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
     duration, waits = round_duration([r["total_s"] for r in timed])
     for r, w in zip(timed, waits):
         r["wait_s"] = w
-    if split and cfg.clock == "emulate":
-        # Split workers meet at the server every iteration, so the round is paced as a whole:
-        # it lasts its scaled virtual duration (the slowest worker's) in wall time too.
-        time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
+    if driver is not None:
+        if emulate:
+            # Sessions meet at the server all through the round, so it is paced as a whole:
+            # it lasts its scaled virtual duration (the slowest client's) in wall time too.
+            time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
+        state = driver.finish(state)
 
-    state = policy.aggregate(state, rnd, accepted, server) if split else policy.aggregate(state, rnd, accepted)
+    state = policy.aggregate(state, rnd, accepted)
     evaluate = rnd % cfg.federation.eval_every == 0 or rnd == cfg.federation.rounds
     metrics = policy.evaluate(state, rnd, fed.evaluator) if evaluate else {"test_accuracy": math.nan, "test_loss": math.nan}
     row = {
@@ -175,7 +189,8 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
         "num_failed": sum(r["status"] != "ok" for r in rows),
         "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
-        **policy.round_metrics(state, rnd, ordered),
+        "lr": policy.lr(rnd),
+        **policy.round_metrics(state, rnd, tasks),
         **metrics,
     }
     return RoundOutcome(state, row, rows)

@@ -17,11 +17,11 @@ import torch
 
 from . import checkpoint
 from .algorithms.base import ClientFailure, ClientResult, ClientTask
+from .algorithms.exchange import LocalRelay, RoundDriver
 from .client import TORCH_THREADS, ClientRunner
 from .config import RunConfig, dump_config
-from .engine import Executor, Federation, build_federation, run_round
+from .engine import Executor, Federation, Pace, build_federation, run_round
 from .metrics import Recorder
-from .algorithms.split import SplitTask, TopServer
 
 Progress = Callable[[Mapping[str, Any]], None]
 
@@ -92,19 +92,21 @@ class InProcessExecutor:
     """Runs tasks one after another in this process, with the same `ClientRunner` actors host."""
 
     def __init__(self, fed: Federation):
-        ds = fed.dataset
-        self.runner = ClientRunner(fed.config, ds.x_train, ds.y_train, fed.partition.train, ds.num_classes)
+        self.runner = ClientRunner.of(fed)
 
-    def run(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
-        return [self.runner.run(t) for t in tasks]
+    def run(self, tasks: Sequence[ClientTask], pace: Pace | None = None) -> list[ClientResult | ClientFailure]:
+        out = []
+        for task in tasks:
+            start = time.perf_counter()
+            result = self.runner.run(task)
+            if pace is not None and isinstance(result, ClientResult):
+                time.sleep(max(0.0, pace(task, result) - (time.perf_counter() - start)))
+            out.append(result)
+        return out
 
-    def run_split(self, tasks: Sequence[SplitTask], server: TopServer) -> list[ClientResult | ClientFailure]:
-        sessions = [self.runner.open_split(t) for t in tasks]
-        for _ in range(tasks[0].tau if tasks else 0):
-            outs = [s.forward() for s in sessions]
-            losses, grads = server.step([f for f, _ in outs], [y for _, y in outs])
-            for session, grad, loss in zip(sessions, grads, losses):
-                session.backward(grad, loss)
+    def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
+        sessions = [self.runner.open_session(t) for t in tasks]
+        driver.drive(LocalRelay(sessions))
         return [s.close() for s in sessions]
 
 

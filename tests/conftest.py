@@ -3,7 +3,7 @@ GPUs, a small object store, no dashboard) for every test that asks for it."""
 
 import pytest
 
-from rayfl.config import parse_config
+from rayfl.loader import parse_config
 from rayfl.data import load_dataset
 
 

@@ -1,5 +1,7 @@
 """Checkpoints: plain-data round trip, and a resumed run equal to one that never stopped."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,7 +10,8 @@ import torch
 from rayfl import checkpoint
 from rayfl.algorithms import server_opt
 from rayfl.algorithms.base import ServerState
-from rayfl.config import ConfigError, load_config
+from rayfl.config import ConfigError
+from rayfl.loader import load_config
 from rayfl.runner import run_local
 
 
@@ -28,13 +31,60 @@ def test_round_trip_keeps_weights_optimizer_and_client_state(tmp_path):
     assert np.array_equal(back.clients[3]["head"], np.ones(2))
 
 
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """A policy's own nested server state: one Adam optimizer per device group, and a tag."""
+
+    adam: tuple[server_opt.ServerOptState, ...]
+    tag: str
+
+
+def test_a_nested_server_state_round_trips_exactly(tmp_path):
+    g = np.random.default_rng(0)
+    groups = []
+    for k, shape in enumerate([(2, 3), (4,), (1, 1, 2)]):  # three groups' Adam moments and step counts
+        params = {"w": g.standard_normal(shape).astype(np.float32)}
+        opt = server_opt.init("adam", params, eta=0.1 * (k + 1))
+        for _ in range(k + 1):
+            opt, params = server_opt.apply(opt, params, {"w": g.standard_normal(shape)})
+        groups.append(opt)
+    clients = {c: {"reward": float(g.random()), "seen": [c, "x", None], "k": np.int64(c)} for c in (0, 5, 17)}
+    state = ServerState(round=7, weights={"w": np.ones(3, np.float32)}, opt_state=Groups(tuple(groups), "per-group"), clients=clients)
+    checkpoint.save(tmp_path, state, virtual_time_s=3.25)
+    back, vt = checkpoint.latest(tmp_path)
+    assert vt == 3.25 and back.round == 7 and isinstance(back.opt_state, Groups) and back.opt_state.tag == "per-group"
+    for a, b in zip(back.opt_state.adam, groups):
+        assert (a.kind, a.eta, a.t) == (b.kind, b.eta, b.t) and a.t > 0
+        for moment in ("m", "v"):
+            x, y = getattr(a, moment)["w"], getattr(b, moment)["w"]
+            assert x.dtype == y.dtype == np.float64 and np.array_equal(x, y)
+    assert back.clients.keys() == clients.keys()
+    for c, entry in clients.items():
+        assert back.clients[c]["reward"] == entry["reward"] and back.clients[c]["seen"] == [c, "x", None]
+        assert back.clients[c]["k"] == c
+    assert back.weights["w"].dtype == np.float32 and np.array_equal(back.weights["w"], state.weights["w"])
+
+
+def test_what_cannot_be_checkpointed_is_named(tmp_path):
+    state = ServerState(round=1, weights={}, clients={3: {"model": torch.nn.Linear(1, 1)}})
+    with pytest.raises(TypeError, match=r"state.clients\[3\]\['model'\]: cannot checkpoint a value of type Linear"):
+        checkpoint.save(tmp_path, state, 0.0)
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint under"):
         checkpoint.latest(tmp_path)
 
 
-def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    base = ["model.name=mlp", "algorithm.name=fedadam", "federation.checkpoint_every=2"]
+@pytest.mark.parametrize(
+    "base",
+    [
+        ["model.name=mlp", "algorithm.name=fedadam", "federation.checkpoint_every=2"],
+        ["algorithm.name=mergesfl", "algorithm.ga_generations=20", "federation.checkpoint_every=2", "federation.lr_schedule={kind: exponential, gamma: 0.9}"],
+    ],
+    ids=["fedadam", "mergesfl"],
+)
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, base):
     run_local(load_config(None, [*base, "federation.rounds=4"]), tmp_path / "straight")
     # A run that "crashed" after round 3, whose last checkpoint is round 2.
     broken = tmp_path / "broken"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayfl.config import load_config
+from rayfl.loader import load_config
 from rayfl.devices import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,14 +1,16 @@
 """The in-process runner end to end: accuracy, determinism, the virtual clock, rejected updates."""
 
+import dataclasses
 import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from rayfl.algorithms.base import ClientResult
-from rayfl.config import load_config, parse_config
+from rayfl.loader import load_config, parse_config
 from rayfl.engine import build_federation, run_round
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
 from rayfl.runner import InProcessExecutor, run_federation, run_local, torch_threads
@@ -82,8 +84,8 @@ def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
 class PoisonOne(InProcessExecutor):
     """Client 0 returns NaN weights (as a diverged client would)."""
 
-    def run(self, tasks):
-        out = super().run(tasks)
+    def run(self, tasks, pace=None):
+        out = super().run(tasks, pace)
         return [ClientResult(r.client_id, r.round, {k: np.full_like(v, np.nan) for k, v in r.weights.items()}, r.num_examples, r.num_samples, r.train_loss) if r.client_id == 0 else r for r in out]
 
 
@@ -107,3 +109,43 @@ def test_each_algorithm_trains_in_process(tmp_path, name):
     acc = pd.read_parquet(tmp_path / "metrics.parquet")["test_accuracy"]
     assert acc.isna().tolist() == [True, True, False, True, True, False]  # evaluated every 3 rounds
     assert acc[5] > acc[2] and summary["final_test_accuracy"] > 0.6  # chance is 0.1
+
+
+class Recording(InProcessExecutor):
+    """Keeps the pace the engine hands over, and the results it was asked about."""
+
+    def run(self, tasks, pace=None):
+        self.pace, self.tasks = pace, {t.client_id: t for t in tasks}
+        self.results = super().run(tasks, pace)
+        return self.results
+
+
+def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
+    # A policy whose client_cost differs from the model's FLOPs x samples: the pace follows the policy.
+    from rayfl.algorithms.fedavg import FedAvgPolicy
+
+    class Heavier(FedAvgPolicy):
+        def client_cost(self, task, result):
+            flops, down, up = super().client_cost(task, result)
+            return 3 * flops, down + 1000, up
+
+    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 2, "rounds": 1}, "clock": "emulate", "clock_scale": 1e-3})
+    with torch_threads():
+        fed = build_federation(cfg)
+        fed = dataclasses.replace(fed, policy=Heavier(cfg, fed.context))
+        executor = Recording(fed)
+        out = run_round(fed, fed.policy.init_state(fed.initial_weights()), 1, executor, 0.0)
+    for row, result in zip(out.clients, executor.results):
+        task = executor.tasks[row["client_id"]]
+        assert row["flops"] == 3 * fed.cost_of(task.model).train_flops * row["num_samples"]
+        assert executor.pace(task, result) == pytest.approx(1e-3 * row["total_s"])
+
+
+def test_the_in_process_executor_holds_each_task_to_its_pace():
+    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 2, "rounds": 1}})
+    with torch_threads():
+        fed = build_federation(cfg)
+        tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
+        start = time.perf_counter()
+        InProcessExecutor(fed).run(tasks, pace=lambda task, result: 0.25)
+    assert time.perf_counter() - start >= 0.5

@@ -1,9 +1,11 @@
 """The contract between a server policy and a client procedure (STYLE.md 2-4, 7).
 
 A server policy has verbs, not a loop: `select`, `configure`, `aggregate`, `evaluate`, each
-taking the round and the frozen `ServerState` and returning new values. A client procedure
-is `init` / `step` / `final`; the shared loop in `rayfl.client` drives it. Tasks and results
-are frozen, typed messages.
+taking the round and the frozen `ServerState` and returning new values. A client procedure owns
+its local loop: `run(task, data, ctx)`, by default init / step per batch / final over the seeded
+batches that `ctx` gives (`rayfl.client.ClientContext`). A policy may also drive a
+server-in-the-loop round (`open_driver`, see `exchange`). Tasks and results are frozen, typed
+messages; tasks are built by keyword (`ServerPolicy.task`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ from torch import nn
 
 from .. import rng
 from ..config import ModelConfig, RunConfig
-from ..devices.cost import ModelCost, Pace, nbytes
+from ..devices.cost import ModelCost, nbytes
 from ..devices.profile import DeviceState
+from ..models import to_numpy
+from ..optim import OptimizerSpec, lr_schedule
 from ..types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
+    from ..client import ClientContext, ClientData
     from ..evaluate import Evaluator
+    from .exchange import ClientSession, RoundDriver
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClientTask:
     """What the server sends one client for one round."""
 
@@ -37,9 +43,8 @@ class ClientTask:
     """The model variant the client trains (a width-sliced model has its own rate)."""
     local_epochs: int
     batch_size: int
-    lr: float
-    pace: Pace | None = None
-    """Set by the engine under `clock: emulate`: the client then sleeps to its virtual time."""
+    optimizer: OptimizerSpec
+    """The local optimizer, with this round's (scheduled) learning rate."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class ClientResult:
     num_samples: int
     """Samples processed in training (epochs x examples, less skipped batches): the compute cost."""
     train_loss: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """The algorithm's per-client numbers: extra columns of `clients.parquet`."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,10 @@ class ClientFailure:
 
 @dataclass(frozen=True)
 class ServerState:
-    """Everything a policy needs between rounds; a checkpoint is this state serialized."""
+    """Everything a policy needs between rounds; a checkpoint is this state serialized.
+
+    `opt_state` and `clients` may be any nesting of dicts, lists, tuples and dataclasses of
+    numpy arrays, numbers and strings (`rayfl.checkpoint` writes them without pickle)."""
 
     round: Round
     weights: Weights
@@ -102,13 +112,18 @@ class FederationContext:
     """What a client's device offers in a round (policies that measure devices read it)."""
 
 
-
 class ServerPolicy:
-    """Server half of an algorithm. Subclasses override verbs; instances hold only config."""
+    """Server half of an algorithm. Subclasses override verbs; instances hold only config and
+    what is derived from it once (the round's learning rates, sub-model shapes, ...)."""
 
     def __init__(self, config: RunConfig, context: FederationContext):
         self.config = config
         self.context = context
+        self.lrs = lr_schedule(config.federation)
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Refuse, at config load, options this algorithm cannot honour (`ConfigError` naming the key)."""
 
     def global_model(self) -> ModelConfig:
         """The variant the server holds and evaluates (the configured model by default)."""
@@ -121,6 +136,21 @@ class ServerPolicy:
     def init_state(self, weights: Weights) -> ServerState:
         return ServerState(round=0, weights=dict(weights))
 
+    def lr(self, round: Round) -> float:
+        """The round's learning rate under `federation.lr_schedule` (the `lr` column)."""
+        return self.lrs[round - 1]
+
+    def optimizer(self, round: Round) -> OptimizerSpec:
+        """The round's local optimizer: `federation`'s kind and settings at the scheduled rate."""
+        return OptimizerSpec.of(self.config.federation, self.lr(round))
+
+    def task(self, client: ClientId, round: Round, weights: Weights, *, kind: type[ClientTask] = ClientTask, **fields: Any) -> ClientTask:
+        """One task, by keyword: the configured model, epochs, batch size and the round's optimizer
+        unless `fields` say otherwise; `kind` is a task subclass with the algorithm's own fields."""
+        fed = self.config.federation
+        defaults = dict(model=self.config.model, local_epochs=fed.local_epochs, batch_size=fed.batch_size, optimizer=self.optimizer(round))
+        return kind(client_id=client, round=round, weights=weights, **{**defaults, **fields})
+
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
         """Uniform sampling without replacement, a pure function of (seed, round, available)."""
         g = rng.generator(self.context.seed, "select", round)
@@ -128,11 +158,12 @@ class ServerPolicy:
         return sorted(int(c) for c in g.choice(np.asarray(available), size=k, replace=False))
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
-        fed = self.config.federation
-        return [
-            ClientTask(c, round, state.weights, self.config.model, fed.local_epochs, fed.batch_size, fed.lr)
-            for c in clients
-        ]
+        return [self.task(c, round, state.weights) for c in clients]
+
+    def open_driver(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> "RoundDriver | None":
+        """A server-in-the-loop driver for the round (split learning's top model), or None when
+        each client trains on its own (`ClientProcedure.run`)."""
+        return None
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
         raise NotImplementedError
@@ -142,7 +173,8 @@ class ServerPolicy:
         return {}
 
     def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
-        """(training FLOPs, bytes down, bytes up) of one client's round on the virtual clock."""
+        """(training FLOPs, bytes down, bytes up) of one client's round on the virtual clock
+        (also what `clock: emulate` paces the client by)."""
         flops = self.context.cost_of(task.model).train_flops * result.num_samples
         return flops, nbytes(task.weights), nbytes(result.weights)
 
@@ -162,10 +194,26 @@ class LocalState:
 
 
 class ClientProcedure:
-    """Client half of an algorithm: `init`, then `step` per batch, then `final`."""
+    """Client half of an algorithm. `run` is the whole local round; its default drives
+    `init`, then `step` per seeded batch, then `final`. Override `run` to train in stages, train
+    several models per batch or add local passes; the context gives the shared pieces."""
 
     def __init__(self, config: RunConfig):
         self.config = config
+
+    def run(self, task: ClientTask, data: "ClientData", ctx: "ClientContext") -> ClientResult:
+        """Local training for one task. A non-finite loss (`ctx.finite`) ends it as a failure."""
+        state = self.init(task, ctx.load(task.model, task.weights))
+        total, samples = 0.0, 0
+        for b in ctx.batches(task, len(data)):
+            loss = ctx.finite(self.step(state, data.batch(b)))
+            total += loss * len(b)
+            samples += len(b)
+        return self.final(task, state, len(data), samples, total / max(samples, 1))
+
+    def open_session(self, task: ClientTask, data: "ClientData", ctx: "ClientContext") -> "ClientSession":
+        """The client side of a server-in-the-loop round (algorithms whose policy opens a driver)."""
+        raise NotImplementedError(f"{type(self).__name__} has no session: its policy opens no driver")
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
         raise NotImplementedError
@@ -175,5 +223,4 @@ class ClientProcedure:
         raise NotImplementedError
 
     def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
-        weights = {k: v.detach().cpu().numpy().copy() for k, v in state.model.state_dict().items()}
-        return ClientResult(task.client_id, task.round, weights, num_examples, num_samples, loss)
+        return ClientResult(task.client_id, task.round, to_numpy(state.model), num_examples, num_samples, loss)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -54,13 +53,11 @@ class FedAvgPolicy(ServerPolicy):
 
 
 class FedAvgClient(ClientProcedure):
-    """Local minibatch SGD (lr from the task; momentum and weight decay from `federation`)."""
+    """Local minibatch training with the task's optimizer (SGD by default)."""
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
-        fed = self.config.federation
         model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
-        return LocalState(model, opt)
+        return LocalState(model, task.optimizer.build(model.parameters()))
 
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y)
@@ -70,8 +67,6 @@ class FedAvgClient(ClientProcedure):
         state.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(state, state.model(x), y)
         loss.backward()
-        if self.config.federation.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.config.federation.grad_clip)
         state.optimizer.step()
         return float(loss.detach())
 

@@ -90,7 +90,7 @@ def assign_capability(levels: Sequence[Level], memory_needed: Sequence[float], b
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HeteroFLTask(ClientTask):
     label_split: tuple[int, ...] = ()
     """Classes of the client's data: the masked cross-entropy keeps only these."""
@@ -137,12 +137,11 @@ class HeteroFLPolicy(ServerPolicy):
         return super().select(state, round, [c for c in available if self.level_of(round, c) >= 0])
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
-        fed = self.config.federation
         tasks = []
         for c in clients:
             k = self.level_of(round, c)
             weights = aggregate.extract(state.weights, self.shapes[k])
-            tasks.append(HeteroFLTask(c, round, weights, self.variants[k], fed.local_epochs, fed.batch_size, fed.lr, label_split=self.label_splits[c]))
+            tasks.append(self.task(c, round, weights, kind=HeteroFLTask, model=self.variants[k], label_split=self.label_splits[c]))
         return tasks
 
     def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 from ..config import AlgorithmConfig
 
@@ -18,6 +18,8 @@ class Algorithm:
     config_class: type[AlgorithmConfig]
     policy: type["ServerPolicy"]
     procedure: type["ClientProcedure"]
+    default_models: Mapping[str, str] = field(default_factory=dict)
+    """Dataset name -> the model family this algorithm takes when the config names none."""
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

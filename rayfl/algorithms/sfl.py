@@ -17,13 +17,14 @@ from typing import Sequence
 from pydantic import Field
 
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, ServerState
+from .base import ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig
-from ..models import build_model, to_torch
-from ..models.layers import split
-from .split import SplitPolicy, SplitTask, TopServer
+from .split import SplitClient, SplitPolicy, SplitTask
 from ..types import ClientId, Round
+
+SPLIT_MODELS = {"digits": "cnn2", "mnist": "cnn2", "fashion_mnist": "cnn2", "mnist1d": "cnn1d", "cifar10": "alexnet", "cifar100": "alexnet"}
+"""The split-capable model a split algorithm takes on each dataset when the config names none."""
 
 
 class SFLConfig(AlgorithmConfig):
@@ -34,26 +35,16 @@ class SFLConfig(AlgorithmConfig):
 
 class SFLPolicy(SplitPolicy):
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
-        fed, cfg = self.config.federation, self.config.algorithm
-        bottom = {k: state.weights[k] for k in self.bottom_keys}
-        return [SplitTask(c, round, bottom, self.config.model, 1, fed.batch_size, fed.lr, tau=cfg.tau) for c in clients]
+        bottom = self.bottom(state.weights)
+        return [self.task(c, round, bottom, kind=SplitTask, local_epochs=1, tau=self.config.algorithm.tau) for c in clients]
 
-    def open_server(self, state: ServerState, round: Round, tasks: Sequence[SplitTask]) -> TopServer:
-        model = build_model(self.config.model, self.context.input_shape, self.context.num_classes)
-        model.load_state_dict(to_torch(state.weights))
-        top = split(model, self.config.model.split_layer)[1]
-        return TopServer(top, self.top_lrs(tasks), self.config.algorithm.merge_features, self.context.seed, round)
-
-    def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
-        """The top model's learning rate(s) for the round: `federation.lr` for every step."""
-        return [self.config.federation.lr]
-
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], server: TopServer) -> ServerState:
-        """Bottom models averaged by samples processed (Eq. 17 with d_i), top model from the server."""
-        update = dict(server.weights())
-        if results:
-            update.update(aggregate.weighted_mean([r.weights for r in results], [r.num_samples for r in results]))
-        return state.replace(round=round, weights=aggregate.merge(state.weights, update))
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+        """Bottom models averaged by samples processed (Eq. 17 with d_i); the top model is the
+        server's, already folded into `state` by the round's `TopServer.finish`."""
+        if not results:
+            return state.replace(round=round)
+        bottoms = aggregate.weighted_mean([r.weights for r in results], [r.num_samples for r in results])
+        return state.replace(round=round, weights=aggregate.merge(state.weights, bottoms))
 
 
-SFL = register(Algorithm("sfl", "Typical split FL (SplitFed style): bottom models on workers, top on the server", SFLConfig, SFLPolicy, ClientProcedure))
+SFL = register(Algorithm("sfl", "Typical split FL (SplitFed style): bottom models on workers, top on the server", SFLConfig, SFLPolicy, SplitClient, SPLIT_MODELS))

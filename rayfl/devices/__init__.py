@@ -1,6 +1,6 @@
 """Device populations and the cost model of the virtual clock (Ray-free)."""
 
-from .cost import CostCache, ModelCost, Pace, client_time, measure, nbytes, round_duration
+from .cost import CostCache, ModelCost, client_time, measure, nbytes, round_duration
 from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, configured_profile, load_profile, with_mix
 
 __all__ = [
@@ -8,7 +8,6 @@ __all__ = [
     "DeviceProfile",
     "DeviceState",
     "ModelCost",
-    "Pace",
     "Population",
     "builtin_profiles",
     "client_time",

@@ -123,20 +123,6 @@ def client_time(device: DeviceState, flops: float, bytes_down: int, bytes_up: in
     return ClientTime(compute_s=flops / device.flops, comm_s=comm)
 
 
-@dataclass(frozen=True)
-class Pace:
-    """What `clock: emulate` needs to make a client take its virtual time in wall time."""
-
-    device: DeviceState
-    train_flops: float
-    """Training FLOPs per sample of the client's model variant."""
-    scale: float
-    """Wall seconds per virtual second."""
-
-    def wall_seconds(self, num_samples: int, bytes_down: int, bytes_up: int) -> float:
-        return self.scale * client_time(self.device, self.train_flops * num_samples, bytes_down, bytes_up).total_s
-
-
 def round_duration(totals: Sequence[float]) -> tuple[float, list[float]]:
     """A synchronous round: its duration (the slowest client) and each client's waiting time."""
     duration = max(totals, default=0.0)

@@ -1,7 +1,7 @@
 """Model families with width rate as a first-class argument (see `registry`)."""
 
 from . import cnn, cnn1d, cnn2, mlp, preresnet, split_nets  # noqa: F401  (registration)
-from .cache import ModelCache, to_torch
+from .cache import ModelCache, to_numpy, to_torch
 from .registry import build_model, config_class, families
 
-__all__ = ["ModelCache", "build_model", "config_class", "families", "to_torch"]
+__all__ = ["ModelCache", "build_model", "config_class", "families", "to_numpy", "to_torch"]

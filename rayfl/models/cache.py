@@ -18,6 +18,11 @@ def to_torch(weights: Weights) -> dict[str, torch.Tensor]:
     return {k: torch.tensor(np.asarray(v)) for k, v in weights.items()}
 
 
+def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
+    """A module's state -> numpy state (copies on the host, as it crosses the object store)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
 class ModelCache:
     """One module per (variant, input shape, classes); weights are loaded per use."""
 
@@ -28,11 +33,12 @@ class ModelCache:
         self._models: dict[Hashable, nn.Module] = {}
 
     def build(self, variant: ModelConfig) -> nn.Module:
-        return build_model(variant, self.input_shape, self.num_classes)
+        """A new module of the variant on this cache's device (not cached)."""
+        return build_model(variant, self.input_shape, self.num_classes).to(self.device)
 
     def load(self, variant: ModelConfig, weights: Weights, strict: bool = True) -> nn.Module:
         if variant not in self._models:
-            self._models[variant] = self.build(variant).to(self.device)
+            self._models[variant] = self.build(variant)
         model = self._models[variant]
         model.load_state_dict(to_torch(weights), strict=strict)
         return model

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from rayfl import api
-from rayfl.config import load_config
+from rayfl.loader import load_config
 from rayfl.runner import run_local
 
 pytestmark = pytest.mark.ray

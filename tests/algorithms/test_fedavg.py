@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientResult, ClientTask, FederationContext
-from rayfl.config import parse_config
+from rayfl.loader import parse_config
+from rayfl.optim import OptimizerSpec
 
 
 def context(param_names=("w",)):
@@ -65,7 +66,7 @@ def test_fedprox_loss_adds_the_proximal_term():
     with torch.no_grad():
         model.weight.zero_()
         model.bias.zero_()
-    task = ClientTask(0, 1, {}, cfg.model, 1, 2, 0.1)
+    task = ClientTask(client_id=0, round=1, weights={}, model=cfg.model, local_epochs=1, batch_size=2, optimizer=OptimizerSpec("sgd", 0.1))
     state = proc.init(task, model)
     with torch.no_grad():
         model.weight.fill_(1.0)  # ||w - w0||^2 = 4 (weight) + 0 (bias)

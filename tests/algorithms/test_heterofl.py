@@ -17,7 +17,8 @@ from rayfl.algorithms.heterofl import (
     masked_logits,
     parse_levels,
 )
-from rayfl.config import ConfigError, parse_config
+from rayfl.config import ConfigError
+from rayfl.loader import parse_config
 from rayfl.devices import CostCache
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.base import ClientResult
-from rayfl.config import load_config
+from rayfl.loader import load_config
 from rayfl.engine import build_federation
 from rayfl.runner import run_local
 

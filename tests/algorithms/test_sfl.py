@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from rayfl.config import ConfigError, load_config
+from rayfl.config import ConfigError
+from rayfl.loader import load_config
 from rayfl.runner import run_local
 
 

@@ -80,11 +80,12 @@ def test_unmerged_steps_use_each_workers_rate():
 
 def test_top_server_dropout_is_keyed_by_seed_round_and_iteration():
     from rayfl.algorithms.split import TopServer
+    from rayfl.optim import OptimizerSpec
 
     def run(seed):
         torch.manual_seed(0)
         top = nn.Sequential(nn.Dropout(0.5), nn.Linear(4, 2))
-        server = TopServer(top, [0.1], merge=True, seed=seed, round=3)
+        server = TopServer(top, OptimizerSpec("sgd", 0.1), [0.1], merge=True, seed=seed, round=3)
         feats, labels = [torch.ones(8, 4)], [torch.zeros(8, dtype=torch.long)]
         torch.manual_seed(123)  # the caller's global RNG state must not matter
         return [server.step(feats, labels)[1][0] for _ in range(2)]

@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rayfl.config import ConfigError, parse_config
+from rayfl.config import ConfigError
+from rayfl.loader import parse_config
 from rayfl.devices import DeviceProfile, Population, client_time, load_profile, round_duration, with_mix
 
 HAND = {

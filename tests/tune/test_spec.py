@@ -93,7 +93,7 @@ def test_time_to_target_is_the_first_virtual_time_at_the_target_across_a_resume(
 
 
 def test_each_client_actor_gets_one_bundle_sized_to_it():
-    from rayfl.config import parse_config
+    from rayfl.loader import parse_config
     from tune.run import bundles
 
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})

@@ -27,12 +27,12 @@ import numpy as np
 from pydantic import Field
 
 from ... import rng
-from ..base import ClientProcedure, ClientTask, FederationContext, ServerState
+from ..base import ClientTask, FederationContext, ServerState
 from . import control
 from ..registry import Algorithm, register
-from ..sfl import SFLConfig, SFLPolicy
+from ..sfl import SPLIT_MODELS, SFLConfig, SFLPolicy
 from ...config import RunConfig
-from ..split import SplitTask
+from ..split import SplitClient, SplitTask
 from ...types import ClientId, Round
 
 
@@ -115,29 +115,29 @@ class MergeSFLPolicy(SFLPolicy):
             mu, beta, _ = self.estimates(state)
             d = control.finetune_batch_sizes(self.V[idx], d, (mu + beta)[idx], self.phi_0, cfg.epsilon, cfg.max_batch)
         d = control.fill_bandwidth(d, 1.0, cfg.max_merged, cfg.max_batch)
-        bottom = {k: state.weights[k] for k in self.bottom_keys}
+        bottom, opt = self.bottom(state.weights), self.optimizer(round)
         return [
-            SplitTask(int(c), round, bottom, self.config.model, 1, int(di), fed.lr * int(di) / fed.batch_size, tau=cfg.tau)
+            self.task(int(c), round, bottom, kind=SplitTask, local_epochs=1, batch_size=int(di), optimizer=opt.with_lr(opt.lr * int(di) / fed.batch_size), tau=cfg.tau)
             for c, di in zip(idx, d)
         ]
 
-    def top_lrs(self, tasks: Sequence[SplitTask]) -> list[float]:
+    def top_lrs(self, round: Round, tasks: Sequence[SplitTask]) -> list[float]:
         """With `scale_top_lr` (default), "learning rate proportional to batch size" applied to the
         top model's steps as to the workers' (lr_i = lr d_i / b): lr * sum_i d_i / b for a merged
         step, lr * d_i / b for worker i's own step (b = `federation.batch_size`). The paper states
         the rule for workers only; `scale_top_lr: false` keeps every top step at `federation.lr`
         (the public code's plain SGD at lr_h)."""
-        cfg, fed = self.config.algorithm, self.config.federation
+        cfg, fed, lr = self.config.algorithm, self.config.federation, self.lr(round)
         if not cfg.scale_top_lr or not tasks:
-            return super().top_lrs(tasks)
+            return super().top_lrs(round, tasks)
         if cfg.merge_features:
-            return [fed.lr * sum(t.batch_size for t in tasks) / fed.batch_size]
-        return [fed.lr * t.batch_size / fed.batch_size for t in tasks]
+            return [lr * sum(t.batch_size for t in tasks) / fed.batch_size]
+        return [lr * t.batch_size / fed.batch_size for t in tasks]
 
-    def aggregate(self, state, round, results, server):
-        """Eq. 17 (bottoms weighted by d_i, via samples processed), the server's top model; then
-        participation counts K_i and the Eq. 5-6 estimates for the next round."""
-        new = super().aggregate(state, round, results, server)
+    def aggregate(self, state, round, results):
+        """Eq. 17 (bottoms weighted by d_i, via samples processed; the top model is the server's);
+        then participation counts K_i and the Eq. 5-6 estimates for the next round."""
+        new = super().aggregate(state, round, results)
         mu_prev, beta_prev, K = self.estimates(state)
         mu_hat, beta_hat = self.measure(round)
         alpha = self.config.algorithm.alpha
@@ -165,6 +165,6 @@ class AdaSFLConfig(MergeSFLConfig):
     kl_aware: bool = False
 
 
-register(Algorithm("adasfl", "AdaSFL (MergeSFL's baseline): split FL with batch regulation only", AdaSFLConfig, MergeSFLPolicy, ClientProcedure))
+register(Algorithm("adasfl", "AdaSFL (MergeSFL's baseline): split FL with batch regulation only", AdaSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS))
 
-MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, ClientProcedure))
+MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS))

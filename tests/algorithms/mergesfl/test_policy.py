@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.mergesfl import control
-from rayfl.config import load_config
+from rayfl.loader import load_config
 from rayfl.engine import build_federation
 from rayfl.runner import run_local
 
@@ -27,7 +27,7 @@ def test_round_plan_respects_the_budget_and_scales_lr_with_batch(fed):
     tasks = policy.configure(state, 1, chosen)
     d = np.array([t.batch_size for t in tasks])
     assert d.sum() <= 120 and d.min() >= 1 and d.max() <= 16
-    assert all(t.lr == pytest.approx(0.05 * t.batch_size / 8) for t in tasks)
+    assert all(t.optimizer.lr == pytest.approx(0.05 * t.batch_size / 8) for t in tasks)
     # Eq. 9: the fastest worker (smallest mu + beta) is dealt D.
     mu, beta, _ = policy.estimates(state)
     assert d_regulated[np.argmin(mu + beta)] == 16
@@ -40,9 +40,8 @@ def test_aggregate_counts_participation_and_smooths_estimates(fed):
     tasks = policy.configure(state, 1, [2, 5])
     from rayfl.runner import InProcessExecutor
 
-    server = policy.open_server(state, 1, tasks)
-    results = InProcessExecutor(fed).run_split(tasks, server)
-    new = policy.aggregate(state, 1, results, server)
+    results = InProcessExecutor(fed).exchange(tasks, policy.open_driver(state, 1, tasks))
+    new = policy.aggregate(state, 1, results)
     mu1, beta1, K = policy.estimates(new)
     mu_hat, beta_hat = policy.measure(1)
     np.testing.assert_allclose(mu1, 0.8 * mu0 + 0.2 * mu_hat)  # Eq. 5
@@ -84,8 +83,8 @@ def test_top_lr_scales_with_the_batch_it_steps_on(fed):
     state = fed.policy.init_state(fed.initial_weights())
     tasks = fed.policy.configure(state, 1, [2, 5, 7])
     plain = build_federation(load_config(None, [*PLAN, "algorithm.scale_top_lr=false"]))
-    assert plain.policy.top_lrs(tasks) == [0.05]  # federation.lr for every top step
+    assert plain.policy.top_lrs(1, tasks) == [0.05]  # federation.lr for every top step
     merged = sum(t.batch_size for t in tasks)
-    assert fed.policy.top_lrs(tasks) == pytest.approx([0.05 * merged / 8])
+    assert fed.policy.top_lrs(1, tasks) == pytest.approx([0.05 * merged / 8])
     unmerged = build_federation(load_config(None, [*PLAN, "algorithm.merge_features=false"])).policy
-    assert unmerged.top_lrs(tasks) == pytest.approx([0.05 * t.batch_size / 8 for t in tasks])
+    assert unmerged.top_lrs(1, tasks) == pytest.approx([0.05 * t.batch_size / 8 for t in tasks])
