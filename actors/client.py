@@ -39,21 +39,28 @@ def torch_threads_for(cpus: float) -> int:
 class ClientActor:
     """Runs client tasks for one federation; created with explicit `num_cpus` / `num_gpus`."""
 
-    def __init__(self, federation_box: list, threads: int, gpu_fraction: float):
-        from rayfl.client import ClientRunner
-
+    def __init__(self, threads: int, gpu_fraction: float):
         torch.set_num_threads(threads)
         device = "cpu"
         if gpu_fraction > 0 and torch.cuda.is_available():
             device = "cuda"
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
         self.device = device
-        self.runner = ClientRunner.of(ray.get(federation_box[0]), device)
+        self.runner: Any = None
         self.sessions: dict[int, Any] = {}
 
-    def run(self, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
+    def hosting(self, federation_box: list) -> Any:
+        """The `ClientRunner` of the federation in the box (read from the object store on the first
+        task, and again by an actor that restarted)."""
+        if self.runner is None:
+            from rayfl.client import ClientRunner
+
+            self.runner = ClientRunner.of(ray.get(federation_box[0]), self.device)
+        return self.runner
+
+    def run(self, federation_box: list, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
         """Train one task; the round's weights arrive as a separate (shared, zero-copy) argument."""
-        return self.runner.run(dataclasses.replace(task, weights=weights))
+        return self.hosting(federation_box).run(dataclasses.replace(task, weights=weights))
 
     def hold(self, seconds: float) -> None:
         """Stay busy (`clock: emulate`): a client's task lasts its scaled virtual time."""
@@ -61,8 +68,8 @@ class ClientActor:
 
     # A server-in-the-loop round: a client's session stays on this actor for the round.
 
-    def open_session(self, task: ClientTask, weights: Weights) -> None:
-        self.sessions[task.client_id] = self.runner.open_session(dataclasses.replace(task, weights=weights))
+    def open_session(self, federation_box: list, task: ClientTask, weights: Weights) -> None:
+        self.sessions[task.client_id] = self.hosting(federation_box).open_session(dataclasses.replace(task, weights=weights))
 
     def session_call(self, client_id: int, method: str, args: tuple) -> Any:
         return invoke(self.sessions[client_id], method, args)
@@ -84,10 +91,11 @@ class ClientActor:
         }
 
 
-def create_client_actors(config: RunConfig, federation_ref: ray.ObjectRef, run_id: str, count: int) -> list[ray.actor.ActorHandle]:
+def create_client_actors(config: RunConfig, run_id: str, count: int) -> list[ray.actor.ActorHandle]:
     """`count` client actors named `rayfl:<run_id>:client-<k>`, restartable (a killed actor
-    comes back with the same arguments and the executor retries its task). Each reads the
-    federation (dataset, partition, client procedure) from the object store."""
+    comes back and the executor retries its task). Each reads the federation (dataset, partition,
+    client procedure) from the object store with its first task: no constructor argument lives
+    in the object store, which Ray cannot guarantee across restarts (ray-project/ray#53727)."""
     ray_cfg = config.ray
     options = dict(
         num_cpus=ray_cfg.cpus_per_actor,
@@ -98,6 +106,6 @@ def create_client_actors(config: RunConfig, federation_ref: ray.ObjectRef, run_i
     )
     threads = torch_threads_for(ray_cfg.cpus_per_actor)
     return [
-        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote([federation_ref], threads, ray_cfg.gpus_per_actor)
+        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote(threads, ray_cfg.gpus_per_actor)
         for k in range(count)
     ]

@@ -16,9 +16,9 @@ import ray
 from ray.util import metrics as ray_metrics
 
 from actors.client import NAMESPACE, actor_name, create_client_actors
-from actors.pool import RayExecutor, pool_size
+from actors.pool import RayExecutor, check_fits, pool_size
 from rayfl.engine import Federation
-from rayfl.runner import run_federation, torch_threads
+from rayfl.runner import Start, run_federation, torch_threads
 
 
 class DashboardMetrics:
@@ -39,8 +39,9 @@ class DashboardMetrics:
         if row["test_accuracy"] == row["test_accuracy"]:  # not NaN
             self.accuracy.set(row["test_accuracy"], tags=self.tags)
         self.virtual_time.set(row["virtual_time_s"], tags=self.tags)
-        self.bytes.inc(row["bytes_up"] + row["bytes_down"], tags=self.tags)
-        if row["num_clients"]:
+        if row["bytes_up"] + row["bytes_down"] > 0:  # Ray's counters refuse an increment of 0
+            self.bytes.inc(row["bytes_up"] + row["bytes_down"], tags=self.tags)
+        if row["num_clients"] > 0:
             self.updates.inc(row["num_clients"], tags=self.tags)
 
 
@@ -58,14 +59,9 @@ class Coordinator:
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def ready(self) -> int:
-        """Blocks until every client actor is up; returns their number."""
-        ray.get([a.info.remote() for a in self.clients])
-        return len(self.clients)
-
-    def run(self, resume: bool = False) -> dict[str, Any]:
+    def run(self, start: Start) -> dict[str, Any]:
         with torch_threads():
-            return run_federation(self.fed, RayExecutor(self.clients), self.run_dir, self._on_round, resume)
+            return run_federation(self.fed, RayExecutor(self.clients, self.federation_ref), self.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         self.metrics.record(row)
@@ -78,20 +74,16 @@ class Coordinator:
             rows, self._rows = self._rows, []
         return rows
 
-    def client_actor_names(self) -> list[str]:
-        return [actor_name(self.run_id, f"client-{k}") for k in range(len(self.clients))]
 
-    def shutdown(self) -> None:
-        for actor in self.clients:
-            ray.kill(actor)
-
-
-def start_federation(fed: Federation, run_dir: str, run_id: str) -> ray.actor.ActorHandle:
+def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.actor.ActorHandle, list[ray.actor.ActorHandle]]:
     """Put the built federation in the object store once, start the client actors (as many as
-    the free resources hold under `num_actors: auto`) and `rayfl:<run_id>:coordinator`, all at once."""
-    fed_ref = ray.put(fed)
+    the free resources hold under `num_actors: auto`; `ConfigError` when the asked number can
+    never fit the cluster) and `rayfl:<run_id>:coordinator`, all at once."""
     num_actors = pool_size(fed.config, ray.available_resources())
-    clients = create_client_actors(fed.config, fed_ref, run_id, num_actors)
-    return Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
+    check_fits(fed.config, num_actors, ray.cluster_resources(), ray._private.state.state.get_max_resources_from_cluster_config())
+    fed_ref = ray.put(fed)
+    clients = create_client_actors(fed.config, run_id, num_actors)
+    coordinator = Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
         [fed_ref], run_dir, run_id, clients
     )
+    return coordinator, clients

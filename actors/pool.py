@@ -15,7 +15,7 @@ import dataclasses
 import math
 import time
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -24,6 +24,7 @@ from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import Pace
+from rayfl.runner import exchange_failed
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
@@ -44,11 +45,44 @@ def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
     return size
 
 
+def check_fits(config: RunConfig, count: int, cluster: Mapping[str, float], most: Mapping[str, float] | None) -> None:
+    """`ConfigError` naming `ray.num_actors` when `count` client actors can never be placed: beyond
+    the cluster's total resources (`most` is None: a fixed-size cluster) or beyond the most an
+    autoscaling cluster can grow to (`most`)."""
+    limit = cluster if most is None else most
+    per = {"CPU": config.ray.cpus_per_actor, "GPU": config.ray.gpus_per_actor}
+    for key, each in per.items():
+        need, have = count * each, float(limit.get(key, 0))
+        if need > have + 1e-9:
+            grows = "" if most is None else " even at its largest"
+            raise ConfigError(f"ray.num_actors: {count} client actors x {each:g} {key} need {need:g} {key}; the cluster has {have:g}{grows}")
+
+
+def wait_for_actors(actors: Sequence[ray.actor.ActorHandle], timeout_s: float, report: Callable[[str], None], every_s: float = 5.0) -> None:
+    """Block until every client actor is up, reporting what is still pending every `every_s`
+    seconds (actors that fit the cluster may wait for free resources or new nodes); `RuntimeError`
+    after `timeout_s` (`ray.actor_timeout_s`). An actor whose constructor failed raises here."""
+    refs = [a.info.remote() for a in actors]
+    started = time.monotonic()
+    while True:
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=every_s)
+        ray.get(ready)
+        if not pending:
+            return
+        waited = time.monotonic() - started
+        available = ray.available_resources()
+        free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
+        if waited >= timeout_s:
+            raise RuntimeError(f"{len(pending)} of {len(refs)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})")
+        report(f"waiting {waited:.0f} s for {len(pending)} of {len(refs)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
+
+
 class RayExecutor:
     """Dispatches a round's tasks over client actors, first idle actor first."""
 
-    def __init__(self, actors: Sequence[ray.actor.ActorHandle], max_attempts: int = 3):
+    def __init__(self, actors: Sequence[ray.actor.ActorHandle], federation_ref: ray.ObjectRef, max_attempts: int = 3):
         self.actors = list(actors)
+        self.box = [federation_ref]  # boxed: each actor resolves it itself, once
         self.max_attempts = max_attempts
 
     def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:
@@ -72,14 +106,17 @@ class RayExecutor:
                 task = pending.popleft()
                 actor = idle.popleft()
                 call = actor.run.options(name=f"round{task.round}/client{task.client_id}")
-                inflight[call.remote(dataclasses.replace(task, weights={}), refs[id(task.weights)])] = (actor, task, time.perf_counter())
+                inflight[call.remote(self.box, dataclasses.replace(task, weights={}), refs[id(task.weights)])] = (actor, task, time.perf_counter())
             if not inflight:  # every actor is gone
                 out += [ClientFailure(t.client_id, t.round, "no client actor left") for t in pending]
                 break
             ready, _ = ray.wait(list(inflight), num_returns=1)
             actor, task, started = inflight.pop(ready[0])
-            if task is None:  # a pacing hold ended: the actor is free again
-                ray.get(ready[0])
+            if task is None:  # a pacing hold ended: the actor is free again (or restarting, if it died)
+                try:
+                    ray.get(ready[0])
+                except RayActorError:
+                    pass
                 idle.append(actor)
                 continue
             try:
@@ -111,17 +148,22 @@ class RayExecutor:
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round with every client's session pinned to one actor for the
-        round (round-robin in task order). An actor runs its calls in order; a dying actor fails
-        the round's exchange (no retry mid-round)."""
+        round (round-robin in task order). An actor runs its calls in order; an error in a
+        session or a dying actor fails every session of the round (no retry mid-round)."""
         if not tasks:
             return []
         refs = self.put_weights(tasks)
         homes = [(self.actors[i % len(self.actors)], t.client_id) for i, t in enumerate(tasks)]
         relay = ActorRelay(homes)
-        relay.pending = [a.open_session.remote(dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
-        driver.drive(relay)
-        ray.get(relay.pending)
-        return ray.get([a.close_session.remote(c) for a, c in homes])
+        relay.pending = [a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
+        try:
+            driver.drive(relay)
+            ray.get(relay.pending)
+            return ray.get([a.close_session.remote(c) for a, c in homes])
+        except RayTaskError as exc:
+            return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
+        except RayActorError as exc:
+            return exchange_failed(tasks, f"a client actor died ({type(exc).__name__})")
 
 
 class ActorRelay:

@@ -6,18 +6,23 @@ Ray lazily, inside the functions.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import shlex
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
+from . import checkpoint
 from .config import ConfigError, RunConfig, to_dict
-from .engine import build_federation
-from .runner import Progress, new_run_dir
+from .runner import Progress, new_run_dir, prepare
 
+T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("rayfl")
 
 
 def connect(address: str | None, dashboard: bool) -> bool:
@@ -27,10 +32,11 @@ def connect(address: str | None, dashboard: bool) -> bool:
 
     if ray.is_initialized():
         return False
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)  # rayfl speaks in its own lines
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address)
+        ray.init(address=address, **quiet)
     else:
-        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", log_to_driver=False)
+        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
     return True
 
 
@@ -50,20 +56,28 @@ def run(
     checked before Ray starts: the federation is built here, once, and enters the object store
     once (dataset included), where the coordinator and the client actors read it.
     """
-    fed = build_federation(config)  # validates data, partition, profile and model; built once, shipped
-    run_dir = Path(run_dir or new_run_dir(config)).resolve()
+    run_dir = Path(run_dir or new_run_dir(config))
+    fed, start = prepare(config, run_dir, resume)  # the whole input checked; the federation built once
+    run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
     import ray
+    from ray.exceptions import RayActorError, RayTaskError
 
     from actors.coordinator import start_federation
+    from actors.pool import check_fits, wait_for_actors
 
-    connected = connect(address or config.ray.address, config.ray.dashboard)
-    coordinator = None
+    address = address or config.ray.address
+    if not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS")) and config.ray.num_actors != "auto":
+        # A local cluster gets at most this machine's CPUs: refuse before starting it.
+        check_fits(config, config.ray.num_actors, {"CPU": os.cpu_count() or 1, "GPU": math.inf}, None)
+    connected = connect(address, config.ray.dashboard)
+    actors: list = []
     try:
-        coordinator = start_federation(fed, str(run_dir), run_id)
-        ray.get(coordinator.ready.remote())
-        done = coordinator.run.remote(resume)
+        coordinator, clients = start_federation(fed, str(run_dir), run_id)
+        actors = [coordinator, *clients]
+        wait_for_actors(clients, config.ray.actor_timeout_s, log.info)
+        done = coordinator.run.remote(start)
         finished = False
         while not finished:
             finished = bool(ray.wait([done], timeout=0.5)[0])
@@ -71,12 +85,25 @@ def run(
                 if progress is not None:
                     progress(row)
         return ray.get(done)
+    except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
+        raise RunFailed(f"{type(exc.cause).__name__}: {str(exc.cause).splitlines()[0]}; {resume_hint(run_dir)}") from exc
+    except RayActorError as exc:
+        raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
     finally:
-        if coordinator is not None:
-            ray.get(coordinator.shutdown.remote())
-            ray.kill(coordinator)
+        for actor in actors:
+            ray.kill(actor)
         if connected:
             ray.shutdown()
+
+
+class RunFailed(RuntimeError):
+    """A run that broke off on Ray; its message is one line and says how to continue it."""
+
+
+def resume_hint(run_dir: Path) -> str:
+    if checkpoint.exists(run_dir):
+        return f"continue it with: rayfl run --resume {run_dir}"
+    return "no checkpoint was written yet; start it again"
 
 
 def auth_headers() -> dict[str, str]:
@@ -100,12 +127,35 @@ def submit(config: RunConfig, address: str, out: str | None = None, metadata: Ma
     entry = ["python", "-m", "rayfl", "run", "--config-yaml", yaml.safe_dump(to_dict(config), sort_keys=False)]
     if out:
         entry += ["--out", out]
-    client = JobSubmissionClient(address, headers=auth_headers())
-    return client.submit_job(
-        entrypoint=shlex.join(entry),
-        runtime_env={"working_dir": str(REPO_ROOT), "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/"]},
-        metadata=dict(metadata or {}),
+    client = retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
+    return retried(
+        lambda: client.submit_job(
+            entrypoint=shlex.join(entry),
+            runtime_env={"working_dir": str(REPO_ROOT), "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/"]},
+            metadata=dict(metadata or {}),
+        ),
+        "submitting the job",
     )
+
+
+TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused")
+"""What a dashboard says while its head node is still coming up (its job agent not registered yet)."""
+
+
+def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
+    """`call()`, retried with doubling waits (0.5 s up to 8 s) while it fails transiently, for at
+    most `budget_s` seconds; a lasting or other error is raised as it is."""
+    delay, started = 0.5, time.monotonic()
+    while True:
+        try:
+            return call()
+        except (RuntimeError, ConnectionError) as exc:
+            message = str(exc)
+            if not any(t in message for t in TRANSIENT) or time.monotonic() - started + delay > budget_s:
+                raise
+            log.info(f"{what}: {message.splitlines()[0]} (retrying in {delay:g} s)")
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
 
 
 def wait(address: str, job_id: str) -> int:
@@ -114,7 +164,7 @@ def wait(address: str, job_id: str) -> int:
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    client = JobSubmissionClient(address, headers=auth_headers())
+    client = retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
 
     async def tail() -> None:
         async for lines in client.tail_job_logs(job_id):

@@ -12,6 +12,7 @@ dataclass is rebuilt only from a class already loaded in this process. Randomnes
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +24,7 @@ from .algorithms.base import ServerState
 from .config import ConfigError
 
 FOLDER = "checkpoints"
+log = logging.getLogger("rayfl")
 _DATACLASS = "__dataclass__"
 
 
@@ -99,9 +101,21 @@ def exists(run_dir: str | Path) -> bool:
 
 
 def latest(run_dir: str | Path) -> tuple[ServerState, float]:
-    """The newest checkpoint of a run: (server state, virtual time)."""
+    """The newest intact checkpoint of a run: (server state, virtual time). An unreadable newer
+    one (a truncated file, say) is passed over, with a warning naming it; `ConfigError` names
+    the folder when there is none, or the newest file when none can be read."""
     paths = _paths(run_dir)
     if not paths:
         raise ConfigError(f"--resume {run_dir}: no checkpoint under {Path(run_dir) / FOLDER}")
-    data = torch.load(paths[-1], weights_only=True)
-    return decode(data["state"]), float(data["virtual_time_s"])
+    broken: list[str] = []
+    for path in reversed(paths):
+        try:
+            data = torch.load(path, weights_only=True)
+            state, virtual_time = decode(data["state"]), float(data["virtual_time_s"])
+        except Exception as exc:  # a broken file fails in the zip reader, the unpickler or decode
+            broken.append(f"{path} ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]})")
+            continue
+        if broken:
+            log.warning(f"{' and '.join(broken)} unreadable: resuming from {path}")
+        return state, virtual_time
+    raise ConfigError(f"--resume {run_dir}: no readable checkpoint ({paths[-1]} and {len(paths) - 1} older are corrupt)")

@@ -7,10 +7,14 @@ Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import logging
 import math
+import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
@@ -19,7 +23,8 @@ from .loader import apply_overrides, load_config, parse_config
 
 
 class ProgressBar:
-    """A tqdm bar of rounds with accuracy and virtual time, opened at the first finished round."""
+    """A tqdm bar of rounds with accuracy and virtual time, opened at the first finished round
+    (a resumed run's bar starts at the rounds it already has)."""
 
     def __init__(self, total: int):
         self.total = total
@@ -29,14 +34,37 @@ class ProgressBar:
         from tqdm import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=self.total, unit="round", dynamic_ncols=True)
+            self.bar = tqdm(total=self.total, initial=row["round"] - 1, unit="round", dynamic_ncols=True)
         acc = row["test_accuracy"]
-        self.bar.set_postfix(acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s")
-        self.bar.update(1)
+        self.bar.set_postfix(acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s", refresh=False)
+        self.bar.update(1)  # the count and this round's figures appear together
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class RayNotices(io.TextIOBase):
+    """This process's stdout while a run is on Ray. Ray's driver prints its cluster notices there
+    (`(raylet) A worker died ...`, from its error listener); each becomes one `rayfl:` line on
+    stderr (the run handles what it reports: a dead client's task is retried), the rest passes."""
+
+    def __init__(self, stdout: TextIO, log: logging.Logger):
+        self.stdout, self.log, self.pending = stdout, log, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            plain = re.sub(r"\x1b\[[0-9;]*m", "", line)  # Ray colours the prefix
+            if plain.startswith("(raylet)"):
+                self.log.warning(f"Ray: {plain.removeprefix('(raylet)').strip().split('. ')[0]}")
+            else:
+                self.stdout.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stdout.flush()
 
 
 def _config(args: argparse.Namespace):
@@ -62,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             from . import api
 
-            summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
+            with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
+                summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
     finally:
         bar.close()
     acc = summary["final_test_accuracy"]
@@ -174,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log = logging.getLogger("rayfl")  # rayfl's notices (a checkpoint passed over, actors pending): one line each
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("rayfl: %(message)s"))
+    log.handlers = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -187,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a failure during the run: one line, exit 1
         if args.debug:
             raise
-        print(f"rayfl: run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        what = str(exc) if type(exc).__name__ == "RunFailed" else f"{type(exc).__name__}: {exc}"
+        print(f"rayfl: run failed: {what.splitlines()[0] if what else type(exc).__name__}", file=sys.stderr)
         return 1
 
 

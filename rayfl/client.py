@@ -67,6 +67,8 @@ class ClientContext:
     def __init__(self, seed: int, models: ModelCache):
         self.seed = seed
         self.models = models
+        self.samples_drawn = 0
+        """Samples in the batches handed out for the current task (what a failure still cost)."""
 
     @property
     def device(self) -> str:
@@ -88,7 +90,9 @@ class ClientContext:
         (a fine-tuning stage, say) draws independently of the first."""
         g = rng.generator(self.seed, purpose, task.round, task.client_id)
         for _ in range(task.local_epochs if epochs is None else epochs):
-            yield from epoch_batches(num_examples, batch_size or task.batch_size, g)
+            for batch in epoch_batches(num_examples, batch_size or task.batch_size, g):
+                self.samples_drawn += len(batch)
+                yield batch
 
     @staticmethod
     def finite(loss: float) -> float:
@@ -128,12 +132,21 @@ class ClientRunner:
         return ClientData(torch.from_numpy(self.x_train[idx]).to(device), torch.from_numpy(self.y_train[idx]).to(device))
 
     def run(self, task: ClientTask) -> ClientResult | ClientFailure:
-        """The procedure's local round, its torch draws keyed by (seed, round, client)."""
+        """The procedure's local round, its torch draws keyed by (seed, round, client).
+
+        The one client-outcome logic of every runner: a client with no samples is skipped; a
+        non-finite loss or any error in training ends the task as a `ClientFailure` naming it,
+        with the samples it had processed (the in-process runner and every actor alike)."""
+        data = self.data(task.client_id)
+        if len(data) == 0:
+            return ClientFailure(task.client_id, task.round, "no training samples", skipped=True)
+        self.context.samples_drawn = 0
         with rng.seeded_torch(self.seed, "client-train", task.round, task.client_id):
             try:
-                return self.procedure.run(task, self.data(task.client_id), self.context)
-            except ClientDiverged as exc:
-                return ClientFailure(task.client_id, task.round, str(exc))
+                return self.procedure.run(task, data, self.context)
+            except Exception as exc:  # a client's failure is data, never the run's end
+                reason = str(exc) if isinstance(exc, ClientDiverged) else f"{type(exc).__name__}: {exc}"
+                return ClientFailure(task.client_id, task.round, reason.splitlines()[0], self.context.samples_drawn)
 
     def open_session(self, task: ClientTask) -> "ClientSession":
         """The procedure's session for a server-in-the-loop round (each owns its modules, so one

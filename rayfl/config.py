@@ -8,6 +8,7 @@ their family or algorithm registers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
@@ -212,6 +213,7 @@ class RayConfig(Strict):
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
     dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
+    actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed within this")
 
 
 class RunConfig(Strict):
@@ -268,20 +270,47 @@ def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
             if msg not in messages:
                 messages.append(msg)
-    return f"{'.'.join([*prefix, *loc]) or '<config>'}: {' or '.join(messages)}"
+    where = ".".join([*prefix, *loc])
+    if not where and first["type"] == "value_error":  # a whole-config check names its keys itself
+        return first["msg"].removeprefix("Value error, ")
+    return f"{where or '<config>'}: {' or '.join(messages)}"
+
+
+class Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` for configs and `--set` values: a key given twice in one mapping is an
+    error (the last would win silently), and a ratio like `1:2:7` stays a string (YAML 1.1 reads
+    `1:2` as the base-60 number 62)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _digit in "0123456789":  # checked before int and float
+    Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(0, ("tag:yaml.org,2002:str", re.compile(r"^[0-9]+(?:\.[0-9]*)?(?::[0-9]+(?:\.[0-9]*)?)+$")))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with `yaml.safe_load`; errors name the file."""
+    """Read a YAML mapping safely (no tags, no code); errors name the file, and the line and key
+    of a key given twice."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} invalid YAML") from None
+        problem = getattr(exc, "problem", "") or ""
+        raise ConfigError(f"{path}:{where} {problem if problem.startswith('duplicate key') else 'invalid YAML'}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -24,7 +24,7 @@ from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, Clien
 from .algorithms.exchange import RoundDriver
 from .config import ModelConfig, RunConfig
 from .data import Dataset, Partition, load_dataset, partition
-from .devices import CostCache, ModelCost, Population, client_time, configured_profile, round_duration
+from .devices import CostCache, DeviceState, ModelCost, Population, client_time, configured_profile, round_duration
 from .evaluate import Evaluator
 from .models import ModelCache, to_numpy
 from .types import Round
@@ -96,6 +96,12 @@ def build_federation(config: RunConfig, dataset: Dataset | None = None) -> Feder
     return Federation(config, dataset, parts, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
 
 
+def cost_row(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> dict[str, Any]:
+    """A client's columns of the virtual clock: FLOPs, compute and communication seconds, bytes."""
+    t = client_time(device, flops, bytes_down, bytes_up)
+    return {"flops": flops, "compute_s": t.compute_s, "comm_s": t.comm_s, "total_s": t.total_s, "bytes_down": bytes_down, "bytes_up": bytes_up}
+
+
 @dataclass(frozen=True)
 class RoundOutcome:
     state: ServerState
@@ -137,28 +143,22 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             "lr": task.optimizer.lr,
             "model_rate": getattr(task.model, "rate", math.nan),
         }
+        rows.append(row)
         if isinstance(out, ClientFailure):
-            row.update(status="failed", reason=out.reason)
-            rows.append(row)
+            row.update(status="skipped" if out.skipped else "failed", reason=out.reason, num_samples=out.num_samples)
+            if not out.skipped:  # it downloaded the model and trained until it failed: that time was spent
+                row.update(cost_row(device, *policy.client_cost(task, ClientResult(out.client_id, rnd, {}, 0, out.num_samples, math.nan))))
             continue
         reason = invalid_reason(out.weights, task.weights)
-        flops, down, up = policy.client_cost(task, out)
-        t = client_time(device, flops, down, up)
         row.update(
             status="rejected" if reason else "ok",
             reason=reason or "",
             num_examples=out.num_examples,
             num_samples=out.num_samples,
-            flops=flops,
-            compute_s=t.compute_s,
-            comm_s=t.comm_s,
-            total_s=t.total_s,
-            bytes_down=down,
-            bytes_up=up,
+            **cost_row(device, *policy.client_cost(task, out)),
             train_loss=out.train_loss,
             **out.metrics,
         )
-        rows.append(row)
         if not reason:
             accepted.append(out)
 
@@ -171,7 +171,8 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
             # Sessions meet at the server all through the round, so it is paced as a whole:
             # it lasts its scaled virtual duration (the slowest client's) in wall time too.
             time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
-        state = driver.finish(state)
+        if any(isinstance(out, ClientResult) for out in outcomes):  # a failed exchange keeps the server's side
+            state = driver.finish(state)
 
     state = policy.aggregate(state, rnd, accepted)
     evaluate = rnd % cfg.federation.eval_every == 0 or rnd == cfg.federation.rounds
@@ -186,7 +187,8 @@ def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executo
         "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
         "num_clients": len(accepted),
         "num_selected": len(selected),
-        "num_failed": sum(r["status"] != "ok" for r in rows),
+        "num_failed": sum(r["status"] in ("failed", "rejected") for r in rows),
+        "num_skipped": sum(r["status"] == "skipped" for r in rows),
         "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
         "lr": policy.lr(rnd),

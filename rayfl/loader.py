@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .algorithms import registry as algorithms
-from .config import ConfigError, RunConfig, format_error, read_yaml
+from .config import ConfigError, Loader, RunConfig, format_error, read_yaml
 from .models import registry as models
 
 
@@ -48,11 +48,28 @@ def default_model(raw: Mapping[str, Any]) -> str:
     return declared.get(dataset, RunConfig.model_fields["model"].default.name)
 
 
+def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: BaseModel) -> dict[str, Any]:
+    """`raw` with the tag of each tagged section it leaves out taken from the default, so one key
+    of a section sets alone on top of the defaults (`data.partition.alpha=0.1` keeps `kind:
+    dirichlet`); a section naming its own kind is left as it is."""
+    out = dict(raw)
+    for name, field in schema.model_fields.items():
+        value, base = out.get(name), getattr(default, name, None)
+        if not isinstance(value, Mapping) or not isinstance(base, BaseModel):
+            continue
+        if field.discriminator:
+            out[name] = {field.discriminator: getattr(base, field.discriminator), **value}
+        elif name not in ("model", "algorithm"):  # those two are validated by their registered class
+            out[name] = with_default_tags(value, type(base), base)
+    return out
+
+
 def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     """Validate a raw mapping (from YAML) into a `RunConfig`; raise `ConfigError` naming the key."""
     raw = dict(raw or {})
     if not all(isinstance(k, str) for k in raw):
         raise ConfigError("<config>: keys must be strings")
+    raw = with_default_tags(raw, RunConfig, RunConfig())
     parsed = dict(raw)
     parsed["model"] = _section(raw, "model", models.config_class, default_model(raw))
     parsed["algorithm"] = _section(raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name)
@@ -73,7 +90,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"--set {text}: empty key")
     try:
-        return parts, yaml.safe_load(value)
+        return parts, yaml.load(value, Loader=Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: value is not valid YAML ({exc.__class__.__name__})") from None
 

@@ -8,7 +8,10 @@ is the reference the Ray runner must match exactly.
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -16,10 +19,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from . import checkpoint
-from .algorithms.base import ClientFailure, ClientResult, ClientTask
+from .algorithms.base import ClientFailure, ClientResult, ClientTask, ServerState
 from .algorithms.exchange import LocalRelay, RoundDriver
 from .client import TORCH_THREADS, ClientRunner
-from .config import RunConfig, dump_config
+from .config import ConfigError, RunConfig, dump_config
 from .engine import Executor, Federation, Pace, build_federation, run_round
 from .metrics import Recorder
 
@@ -47,30 +50,60 @@ def new_run_dir(config: RunConfig, root: str | Path = "runs") -> Path:
     return path
 
 
-def run_federation(
-    fed: Federation, executor: Executor, run_dir: str | Path, progress: Progress | None = None, resume: bool = False
-) -> dict[str, Any]:
-    """All rounds of one federation; writes RUN_DIR as it goes and returns the summary.
+def check_writable(run_dir: str | Path) -> None:
+    """`ConfigError` naming RUN_DIR unless it is a folder this process can write in, or can be
+    made; probes with a temporary folder it removes, so nothing is left behind."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path}: exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rayfl-probe-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot create it under {parent} ({exc.strerror or exc})") from None
 
-    With `resume`, it continues from RUN_DIR's newest checkpoint: rows recorded after that
-    round are dropped and recomputed (identically, since every draw is keyed by round).
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run begins: round 0 with the initial weights, or a resumed run's newest intact
+    checkpoint with the rows recorded up to it."""
+
+    state: ServerState
+    virtual_time_s: float
+    recorder: Recorder
+
+
+def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tuple[Federation, Start]:
+    """Everything that can be wrong with a run's input, found before anything is written or a
+    cluster starts: the federation (data, partition, profile, model, policy), RUN_DIR writable,
+    and with `resume` a readable checkpoint and tables."""
+    fed = build_federation(config)
+    check_writable(run_dir)
+    if resume:
+        state, virtual_time = checkpoint.latest(run_dir)
+        return fed, Start(state, virtual_time, Recorder.reopen(run_dir, state.round))
+    return fed, Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
+
+
+def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None) -> dict[str, Any]:
+    """All rounds of one federation from `start`; writes RUN_DIR as it goes and returns the summary.
+
+    A resumed run recomputes the rows after its checkpoint (identically, since every draw is
+    keyed by round).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(fed.config, run_dir / "config.yaml")
-    if resume:
-        state, virtual_time = checkpoint.latest(run_dir)
-        recorder = Recorder.reopen(run_dir, state.round)
-        elapsed = recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0
-    else:
-        state, virtual_time, elapsed = fed.policy.init_state(fed.initial_weights()), 0.0, 0.0
-        recorder = Recorder(run_dir)
+    state, virtual_time, recorder = start.state, start.virtual_time_s, start.recorder
+    elapsed = recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0
     fed_cfg = fed.config.federation
-    start = time.perf_counter() - elapsed
+    t0 = time.perf_counter() - elapsed
     for rnd in range(state.round + 1, fed_cfg.rounds + 1):
         out = run_round(fed, state, rnd, executor, virtual_time)
         state, virtual_time = out.state, out.row["virtual_time_s"]
-        row = {**out.row, "wall_time_s": time.perf_counter() - start}
+        row = {**out.row, "wall_time_s": time.perf_counter() - t0}
         recorder.record(row, out.clients)
         if fed_cfg.checkpoint_every and (rnd % fed_cfg.checkpoint_every == 0 or rnd == fed_cfg.rounds):
             checkpoint.save(run_dir, state, virtual_time)
@@ -105,15 +138,27 @@ class InProcessExecutor:
         return out
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
-        sessions = [self.runner.open_session(t) for t in tasks]
-        driver.drive(LocalRelay(sessions))
-        return [s.close() for s in sessions]
+        """The round's sessions in this process; an error anywhere in the exchange fails every
+        session of the round (as a dying actor does on Ray)."""
+        try:
+            sessions = [self.runner.open_session(t) for t in tasks]
+            driver.drive(LocalRelay(sessions))
+            return [s.close() for s in sessions]
+        except Exception as exc:
+            return exchange_failed(tasks, f"{type(exc).__name__}: {exc}")
+
+
+def exchange_failed(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:
+    """Every session of a server-in-the-loop round that broke off: no client's update counts."""
+    return [ClientFailure(t.client_id, t.round, f"exchange failed: {reason.splitlines()[0]}") for t in tasks]
 
 
 def run_local(
     config: RunConfig, run_dir: str | Path | None = None, progress: Progress | None = None, resume: bool = False
 ) -> dict[str, Any]:
-    """The whole federation in this process, sequentially (tests, debugging, the reference)."""
+    """The whole federation in this process, sequentially (tests, debugging, the reference).
+    With `resume`, RUN_DIR continues from its newest intact checkpoint."""
+    run_dir = run_dir or new_run_dir(config)
     with torch_threads():
-        fed = build_federation(config)
-        return run_federation(fed, InProcessExecutor(fed), run_dir or new_run_dir(config), progress, resume)
+        fed, start = prepare(config, run_dir, resume)
+        return run_federation(fed, InProcessExecutor(fed), run_dir, start, progress)

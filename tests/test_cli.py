@@ -1,10 +1,15 @@
 """The command line: exit codes, one-line errors, a tiny run, plots."""
 
 import json
+import shutil
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
+
+from rayfl.loader import load_config
+from rayfl.runner import run_local
 
 
 def rayfl(*args, cwd=None):
@@ -52,3 +57,116 @@ def test_resume_extends_a_run_in_place(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 3
     both = rayfl("run", "cfg.yaml", "--resume", str(run_dir), cwd=tmp_path)
     assert both.returncode == 2 and "takes the run's own config.yaml" in both.stderr
+
+
+# Every bad input of the README's list: exit 2, one line naming the key or file, nothing written,
+# on Ray and with --local alike (all are found before a cluster would start).
+BAD_INPUTS = [
+    (["--set", "federation.bogus=1"], "federation.bogus: unknown key"),
+    (["--set", "federation.lr=0"], "federation.lr: Input should be greater than 0"),
+    (["--set", "algorithm.name=nope"], "algorithm.name: unknown algorithm 'nope'"),
+    (["--set", "algorithm.beta=0.2"], "algorithm.beta: unknown key"),
+    (["--set", "data.name=synthetic"], "model.name: cnn needs image (C, H, W) input"),
+    (["missing.yaml"], "missing.yaml: no such file"),
+    (["bad.yaml"], "bad.yaml: line 3 invalid YAML"),
+    (["--set", "devices.profile=nowhere.yaml"], "devices.profile: 'nowhere.yaml' is neither"),
+    (["--set", "devices.mix=1:2"], "devices.mix: '1:2' has 2 numbers; profile 'jetson' has 3 classes"),
+    (["--set", "data.name=cifar10", "--set", "data.data_dir=."], "data.data_dir: cifar10 not found under"),
+    (["--set", "data.partition.min_size=500"], "data.partition.min_size: 20 clients x 500 exceeds"),
+    (["--set", "federation.clients_per_round=30"], "federation.clients_per_round (30) exceeds data.num_clients (20)"),
+    (["--set", "algorithm.name=sfl", "--set", "model.name=mlp"], "model.name: sfl needs a model with a split point"),
+    (["--set", "algorithm.name=sfl", "--set", "federation.local_epochs=2"], "federation.local_epochs: sfl trains algorithm.tau iterations"),
+    (["--set", "federation.optimizer=adam", "--set", "federation.momentum=0.9"], "federation.momentum: Value error, applies to optimizer sgd only"),
+    (["--set", "federation.lr_schedule={kind: multistep, milestones: [0.5, 3]}"], "federation.lr_schedule.milestones:"),
+    (["dup.yaml"], "dup.yaml: line 3 duplicate key 'federation'"),
+    (["folder"], "folder: is a directory, not a YAML file"),
+    (["--out", "/proc/rayfl-nowhere/run"], "/proc/rayfl-nowhere/run: cannot create it under /proc"),
+    (["--out", "a-file"], "a-file: exists and is not a directory"),
+    (["--resume", "fresh"], "--resume fresh: no checkpoint under fresh/checkpoints"),
+    (["--resume", "corrupt"], "--resume corrupt: no readable checkpoint"),
+    (["--resume", "nothing-here"], "nothing-here/config.yaml: no such file"),
+    (["cfg.yaml", "--resume", "done"], "--resume done: takes the run's own config.yaml"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_dir(tmp_path_factory):
+    """A folder with the files the bad inputs name: broken configs, runs without (good) checkpoints."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    (root / "bad.yaml").write_text("federation:\n  lr: [1, 2\n")
+    (root / "dup.yaml").write_text("federation:\n  lr: 0.1\nfederation:\n  rounds: 3\n")
+    (root / "cfg.yaml").write_text("federation:\n  rounds: 1\n")
+    (root / "folder").mkdir()
+    (root / "a-file").write_text("not a folder\n")
+    run_local(load_config(None, ["federation.rounds=2", "model.name=mlp", "federation.checkpoint_every=1"]), root / "done")
+    shutil.copytree(root / "done", root / "corrupt")
+    for path in (root / "corrupt" / "checkpoints").iterdir():
+        path.write_bytes(path.read_bytes()[:100])
+    shutil.copytree(root / "done", root / "fresh")
+    shutil.rmtree(root / "fresh" / "checkpoints")
+    return root
+
+
+def snapshot(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("mode", [["--local"], []], ids=["local", "ray"])
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[m.split(":")[0][:40] for _, m in BAD_INPUTS])
+def test_every_bad_input_exits_2_with_one_line_and_writes_nothing(bad_input_dir, monkeypatch, capsys, mode, args, message):
+    from rayfl.cli import main
+
+    monkeypatch.chdir(bad_input_dir)
+    before = snapshot(bad_input_dir)
+    assert main(["run", *mode, "--set", "ray.dashboard=false", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: {message}"), lines
+    assert snapshot(bad_input_dir) == before and not (bad_input_dir / "runs").exists()
+
+
+def test_resume_passes_over_a_truncated_newest_checkpoint(bad_input_dir, tmp_path, capsys):
+    from rayfl.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(bad_input_dir / "done", run)
+    newest = run / "checkpoints" / "round_00002.pt"
+    newest.write_bytes(newest.read_bytes()[:200])
+    assert main(["run", "--local", "--resume", str(run), "--set", "federation.rounds=3"]) == 0
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayfl:")]
+    assert len(notices) == 1 and notices[0].startswith(f"rayfl: {newest} (")
+    assert notices[0].endswith(f"unreadable: resuming from {run / 'checkpoints' / 'round_00001.pt'}")
+    metrics = pd.read_parquet(run / "metrics.parquet")
+    reference = pd.read_parquet(bad_input_dir / "done" / "metrics.parquet")
+    assert metrics["round"].tolist() == [1, 2, 3]
+    pd.testing.assert_frame_equal(metrics.iloc[:2].drop(columns="wall_time_s"), reference.drop(columns="wall_time_s"))
+
+
+def test_the_progress_bar_of_a_resumed_run_counts_from_its_rounds():
+    from rayfl.cli import ProgressBar
+
+    bar = ProgressBar(total=5)
+    bar({"round": 4, "test_accuracy": 0.5, "virtual_time_s": 10.0})
+    assert bar.bar.n == 4 and bar.bar.postfix.startswith("acc=0.500")
+    bar({"round": 5, "test_accuracy": float("nan"), "virtual_time_s": 12.0})
+    assert bar.bar.n == 5 and bar.bar.postfix.startswith("acc=-")
+    bar.close()
+
+
+def test_submission_retries_transient_errors_for_a_bounded_time():
+    from rayfl.api import retried
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try again later.")
+        return "raysubmit_1"
+
+    assert retried(flaky, "submitting") == "raysubmit_1" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(RuntimeError, match="status code 400"):
+        retried(lambda: calls.append(1) or (_ for _ in ()).throw(RuntimeError("Request failed with status code 400: bad")), "submitting")
+    assert len(calls) == 1  # not transient: no retry
+    with pytest.raises(RuntimeError, match="No available agent"):
+        retried(lambda: (_ for _ in ()).throw(RuntimeError("No available agent")), "submitting", budget_s=1.0)

@@ -79,3 +79,22 @@ def test_file_errors_name_the_file(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="missing.yaml: no such file"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_one_key_of_a_tagged_section_sets_alone_on_top_of_the_defaults():
+    assert parse_config(apply_overrides({}, ["data.partition.alpha=0.1"])).data.partition == DirichletPartition(alpha=0.1)
+    # A section that names its own kind is taken as written: keys of another kind are errors.
+    with pytest.raises(ConfigError, match="^data.partition.alpha: unknown key"):
+        parse_config(apply_overrides({"data": {"partition": {"kind": "iid"}}}, ["data.partition.alpha=0.1"]))
+    with pytest.raises(ConfigError, match="^federation.lr_schedule.gamma: unknown key"):  # the default is constant
+        parse_config(apply_overrides({}, ["federation.lr_schedule.gamma=0.5"]))
+
+
+def test_duplicate_keys_and_ratios_in_yaml(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("seed: 1\ndata:\n  name: digits\n  name: mnist1d\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: line 4 duplicate key 'name'"):
+        load_config(dup)
+    ratio = tmp_path / "mix.yaml"
+    ratio.write_text("devices:\n  mix: 1:2:7\n")  # YAML 1.1 would read 1:2:7 as the base-60 number 3727
+    assert load_config(ratio).devices.mix == "1:2:7" and load_config(None, ["devices.mix=7:2:1"]).devices.mix == "7:2:1"

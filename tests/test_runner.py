@@ -13,7 +13,7 @@ from rayfl.algorithms.base import ClientResult
 from rayfl.loader import load_config, parse_config
 from rayfl.engine import build_federation, run_round
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
-from rayfl.runner import InProcessExecutor, run_federation, run_local, torch_threads
+from rayfl.runner import InProcessExecutor, prepare, run_federation, run_local, torch_threads
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +92,8 @@ class PoisonOne(InProcessExecutor):
 def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
     cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp"}, "federation": {"clients_per_round": 4, "rounds": 2}})
     with torch_threads():
-        fed = build_federation(cfg)
-        summary = run_federation(fed, PoisonOne(fed), tmp_path)
+        fed, start = prepare(cfg, tmp_path)
+        summary = run_federation(fed, PoisonOne(fed), tmp_path, start)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
     assert metrics["num_failed"].tolist() == [1, 1] and metrics["num_clients"].tolist() == [3, 3]
     assert set(clients.loc[clients.client_id == 0, "status"]) == {"rejected"}
@@ -149,3 +149,43 @@ def test_the_in_process_executor_holds_each_task_to_its_pace():
         start = time.perf_counter()
         InProcessExecutor(fed).run(tasks, pace=lambda task, result: 0.25)
     assert time.perf_counter() - start >= 0.5
+
+
+def test_a_diverged_client_is_failed_and_charged_for_what_it_did(tmp_path):
+    # lr 1e6: every client's loss goes non-finite after a step or two. It downloaded the model and
+    # trained until then: that compute and those bytes are on the clock; it uploads nothing.
+    cfg = load_config(None, ["federation.lr=1e6", "federation.rounds=3", "model.name=mlp"])
+    run_local(cfg, tmp_path)
+    metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
+    assert (clients["status"] == "failed").all() and (clients["reason"] == "non-finite training loss").all()
+    fed = build_federation(cfg)
+    cost = fed.cost_of(cfg.model)
+    n = clients["client_id"].map(dict(enumerate(fed.partition.sizes())))
+    assert (clients["num_samples"] > 0).all() and (clients["num_samples"] <= n).all()  # failed within its one epoch
+    assert np.allclose(clients["flops"], cost.train_flops * clients["num_samples"])
+    assert (clients["bytes_down"] == cost.param_bytes).all() and (clients["bytes_up"] == 0).all()
+    assert (clients["compute_s"] > 0).all() and metrics["round_time_s"].tolist() == clients.groupby("round")["total_s"].max().tolist()
+    # Rounds with no update are rounds: recorded, evaluated, the global model unchanged.
+    assert metrics["num_clients"].tolist() == [0, 0, 0] and metrics["num_failed"].tolist() == [10, 10, 10]
+    assert metrics["test_accuracy"].nunique() == 1 and metrics["bytes_up"].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("partition", ["{kind: dirichlet, min_size: 0}", "{kind: iid}"])
+def test_clients_with_nothing_or_one_sample_to_train(tmp_path, partition):
+    # 2,000 clients on digits' 1,347 training samples: some hold none (skipped, said so, free on
+    # the clock), some one (batch norm cannot train on it: failed, with the error). Under iid no
+    # client holds more than one, so no round has an update, and every round is still a round.
+    cfg = load_config(None, ["data.num_clients=2000", f"data.partition={partition}", "federation.rounds=3"])
+    run_local(cfg, tmp_path)
+    metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
+    sizes = dict(enumerate(build_federation(cfg).partition.sizes()))
+    n = clients["client_id"].map(sizes)
+    assert (clients.loc[n == 0, "status"] == "skipped").all() and (clients.loc[n == 0, "reason"] == "no training samples").all()
+    assert (clients.loc[n == 0, "bytes_down"].isna()).all()  # declined at once: no download, no time
+    assert (clients.loc[n == 1, "status"] == "failed").all()
+    assert clients.loc[n == 1, "reason"].str.startswith("ValueError: Expected more than 1 value per channel").all()
+    assert (clients.loc[n > 1, "status"] == "ok").all()
+    assert (n == 0).any() and (n == 1).any()
+    assert metrics["round"].tolist() == [1, 2, 3] and (metrics["num_skipped"] == clients.groupby("round")["status"].apply(lambda s: (s == "skipped").sum()).values).all()
+    if partition == "{kind: iid}":
+        assert metrics["num_clients"].tolist() == [0, 0, 0] and metrics["test_accuracy"].nunique() == 1

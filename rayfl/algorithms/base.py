@@ -65,11 +65,17 @@ class ClientResult:
 
 @dataclass(frozen=True)
 class ClientFailure:
-    """A task that produced no usable result; `reason` says why (actor died, non-finite, shape)."""
+    """A task that produced no update; `reason` says why (diverged, an error, the actor died).
+
+    `num_samples` are the samples it processed before it failed: the compute it still cost on
+    the virtual clock, with the model's download. `skipped`: the client had nothing to train and
+    declined the task at once (it costs nothing)."""
 
     client_id: ClientId
     round: Round
     reason: str
+    num_samples: int = 0
+    skipped: bool = False
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class HeteroFLConfig(AlgorithmConfig):
     levels: str = Field("a1-b1-c1-d1-e1", description="level mix: letters a..e (rates 1..1/16) with proportions")
     mode: Literal["fix", "dynamic", "capability"] = "dynamic"
     mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
+    label_split_rows: bool = Field(True, description="aggregate classifier rows over only the clients whose label split has the class (the public code always does)")
     sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
     weighting: Literal["count", "samples"] = Field("count", description="count: HeteroFL's plain per-entry mean; samples: FedAvg's n_k weights")
 
@@ -149,7 +150,7 @@ class HeteroFLPolicy(ServerPolicy):
         if not results:
             return state.replace(round=round)
         masks = None
-        if self.config.algorithm.mask != "none":
+        if self.config.algorithm.label_split_rows:
             masks = [{k: self.class_mask(r.client_id) for k in self.classifier} for r in results]
         sizes = [r.num_examples for r in results] if self.config.algorithm.weighting == "samples" else None
         weights = aggregate.count_mean(state.weights, [r.weights for r in results], masks, sizes)

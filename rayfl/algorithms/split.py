@@ -29,7 +29,7 @@ from ..devices.cost import measure, nbytes
 from ..models import build_model, families, to_numpy, to_torch
 from ..models.layers import SplitConfig, split
 from ..optim import OptimizerSpec
-from ..types import Round, Weights
+from ..types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
     from ..client import ClientContext, ClientData
@@ -203,6 +203,13 @@ class SplitPolicy(ServerPolicy):
     def check_config(cls, config: RunConfig) -> None:
         if config.federation.local_epochs != 1:
             raise ConfigError(f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not epochs; leave it at 1")
+
+    def workers(self, available: Sequence[ClientId]) -> list[ClientId]:
+        """The available workers with samples to train (an exchange needs every session's batches)."""
+        return [c for c in available if self.context.num_examples[c] > 0]
+
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        return super().select(state, round, self.workers(available))
 
     def bottom(self, weights: Weights) -> dict[str, np.ndarray]:
         """The bottom model's part of the global weights (what a worker receives)."""

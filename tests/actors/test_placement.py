@@ -6,7 +6,6 @@ from actors.client import create_client_actors
 from actors.pool import pool_size
 from rayfl.config import ConfigError
 from rayfl.loader import load_config
-from rayfl.engine import build_federation
 
 pytestmark = pytest.mark.ray
 
@@ -33,7 +32,7 @@ def test_no_room_is_a_clear_error():
 def test_eight_quarter_gpu_actors_run_on_two_gpus_and_a_ninth_waits(ray_cluster):
     ray = ray_cluster
     cfg = load_config(None, ["ray.cpus_per_actor=0.1", "ray.gpus_per_actor=0.25"])
-    actors = create_client_actors(cfg, ray.put(build_federation(cfg)), "placement-test", 9)
+    actors = create_client_actors(cfg, "placement-test", 9)
     try:
         refs = [a.info.remote() for a in actors]
         ready, pending = ray.wait(refs, num_returns=8, timeout=120)

@@ -82,8 +82,91 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     ids=["heterofl", "sfl", "mergesfl"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
+    ray_equals_local(overrides, tmp_path)
+
+
+def ray_equals_local(overrides, tmp_path):
+    """Run on 2 client actors and in process; the tables must be equal. Returns Ray's client rows."""
     cfg = load_config(None, [*overrides, "ray.num_actors=2"])
     run_local(cfg, tmp_path / "local")
     api.run(cfg, tmp_path / "ray")
     for a, b in zip(tables(tmp_path / "local"), tables(tmp_path / "ray")):
         pd.testing.assert_frame_equal(a, b)
+    return tables(tmp_path / "ray")[1]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # Every client diverges: rounds with no update (the dashboard counters see increments of 0).
+        ["federation.lr=1e6", "federation.rounds=3", "model.name=mlp"],
+        # Clients with no sample (skipped) and with one (batch norm fails): both runners alike.
+        ["data.num_clients=2000", "data.partition={kind: dirichlet, min_size: 0}", "federation.rounds=2"],
+        ["data.num_clients=2000", "data.partition.kind=iid", "federation.rounds=2"],
+    ],
+    ids=["diverged", "min-size-0", "iid-2000"],
+)
+def test_failed_and_skipped_clients_are_recorded_alike_on_ray(ray_cluster, tmp_path, overrides):
+    assert (ray_equals_local(overrides, tmp_path)["status"] != "ok").any()
+
+
+def test_actors_that_never_fit_exit_2_at_once(tmp_path):
+    # 3 client actors x all of this machine's CPUs each: a local cluster can never place them.
+    import os
+    import subprocess
+    import sys
+
+    start = time.time()
+    out = subprocess.run(
+        [sys.executable, "-m", "rayfl", "run", "--set", "ray.num_actors=3", "--set", f"ray.cpus_per_actor={os.cpu_count()}",
+         "--set", "ray.dashboard=false", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: ray.num_actors: 3 client actors x {os.cpu_count()} CPU need"), lines
+    assert time.time() - start < 60 and not (tmp_path / "run").exists()
+
+
+def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
+    from actors.client import create_client_actors
+    from actors.pool import check_fits, wait_for_actors
+    from rayfl.config import ConfigError
+
+    cfg = load_config(None, ["ray.cpus_per_actor=1", "model.name=mlp"])
+    # An autoscaling cluster that can grow to 4 CPUs fits 3 actors of 1 CPU, not 5.
+    check_fits(cfg, 3, {"CPU": 2.0}, {"CPU": 4})
+    with pytest.raises(ConfigError, match=r"^ray.num_actors: 5 client actors x 1 CPU need 5 CPU; the cluster has 4 even at its largest"):
+        check_fits(cfg, 5, {"CPU": 2.0}, {"CPU": 4})
+    actors = create_client_actors(cfg, "pending-test", 3)  # 3 CPUs on a 2-CPU cluster
+    notes = []
+    try:
+        with pytest.raises(RuntimeError, match=r"1 of 3 client actors did not start within ray.actor_timeout_s = 3 s"):
+            wait_for_actors(actors, timeout_s=3, report=notes.append, every_s=0.5)
+    finally:
+        for actor in actors:
+            ray_cluster.kill(actor)
+    assert notes and "for 1 of 3 client actors to be placed (free now: {'CPU': 0.0, 'GPU': 2.0}" in notes[-1]
+
+
+def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_cluster, tmp_path):
+    cfg = load_config(None, ["federation.rounds=6", "federation.checkpoint_every=1", "model.name=mlp", "clock=emulate", "clock_scale=0.05", "ray.num_actors=1"])
+    run_dir = tmp_path / "run"
+
+    def kill_after_round_two():
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "checkpoints" / "round_00002.pt").exists():
+            time.sleep(0.05)
+        ray_cluster.kill(ray_cluster.get_actor(f"rayfl:{run_dir.name}:coordinator", namespace="rayfl"))
+
+    killer = threading.Thread(target=kill_after_round_two)
+    killer.start()
+    with pytest.raises(api.RunFailed) as failed:
+        api.run(cfg, run_dir)
+    killer.join()
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("the coordinator actor died")
+    assert message.endswith(f"continue it with: rayfl run --resume {run_dir}")
+    assert not ray_cluster.util.list_named_actors(all_namespaces=True)  # the clients went with it
+    summary = api.run(load_config(run_dir / "config.yaml"), run_dir, resume=True)
+    assert summary["rounds"] == 6

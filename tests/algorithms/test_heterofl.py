@@ -1,5 +1,6 @@
 """HeteroFL: slicing, per-entry aggregation, PreResNet alignment, Table 1 counts, levels, masking."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.aggregate import AggregationError, count_mean, extract
-from rayfl.algorithms.base import FederationContext
+from rayfl.algorithms.base import ClientResult, FederationContext
 from rayfl.algorithms.heterofl import (
     HeteroFLPolicy,
     assign_capability,
@@ -189,3 +190,34 @@ def test_size_ratio_follows_the_clients_actually_dealt_each_level():
     summary = HeteroFLPolicy(cfg, context((1, 28, 28), num_clients=5)).summary()  # fix deals a, a, e, e, e
     a, e = summary["levels"]["a"]["params"], summary["levels"]["e"]["params"]
     assert summary["mean_params"] == pytest.approx((2 * a + 3 * e) / 5)
+
+
+def test_the_client_trains_on_the_masked_cross_entropy():
+    # Sec. 3.2: a client holding classes {0, 2} trains on logits whose absent classes are filled
+    # (with 0, as the public code); its loss differs from the plain cross-entropy.
+    from rayfl.algorithms.heterofl import HeteroFLClient, HeteroFLTask
+    from rayfl.optim import OptimizerSpec
+
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp", "hidden": []}})
+    proc = HeteroFLClient(cfg)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 3))
+    task = HeteroFLTask(client_id=0, round=1, weights={}, model=cfg.model, local_epochs=1, batch_size=2, optimizer=OptimizerSpec("sgd", 0.1), label_split=(0, 2))
+    state = proc.init(task, model)
+    logits, y = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([0])
+    by_hand = -1 + math.log(math.exp(1) + math.exp(0) + math.exp(3))
+    assert float(proc.loss(state, logits, y)) == pytest.approx(by_hand)
+    assert float(F.cross_entropy(logits, y)) != pytest.approx(by_hand)
+
+
+@pytest.mark.parametrize("rows, expected", [(True, [3, 5, 1, 9]), (False, [3, 3, 3, 3])])
+def test_classifier_rows_by_label_split_is_its_own_switch(rows, expected):
+    # mask: none (no masked loss) with label_split_rows on or off: the row restriction follows
+    # label_split_rows alone. Clients a (classes 0, 2) and b (0, 1) send rows of 1 and 5.
+    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "mask": "none", "label_split_rows": rows}, "model": {"name": "mlp", "hidden": []}})
+    ctx = dataclasses.replace(context((2,), num_clients=2), num_classes=4, label_histogram=np.array([[5, 0, 5, 0], [5, 5, 0, 0]]))
+    policy = HeteroFLPolicy(cfg, ctx)
+    state = policy.init_state({"1.weight": np.full((4, 2), 9.0, np.float32), "1.bias": np.full(4, 9.0, np.float32)})
+    results = [ClientResult(c, 1, {"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)}, 10, 10, 0.0) for c, v in ((0, 1.0), (1, 5.0))]
+    out = policy.aggregate(state, 1, results)
+    # on: class 0 both (3), class 1 only b (5), class 2 only a (1), class 3 nobody (9); off: every row held by both
+    assert out.weights["1.bias"].tolist() == expected and out.weights["1.weight"][:, 1].tolist() == expected

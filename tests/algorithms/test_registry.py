@@ -2,6 +2,7 @@
 option or refuses it at config load (never ignores it silently)."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rayfl.algorithms import registry
@@ -17,6 +18,7 @@ ALGORITHMS = sorted(registry.algorithms())
 def test_every_algorithm_runs_as_named(tmp_path, name):
     summary = run_local(load_config(None, [f"algorithm.name={name}", "federation.rounds=1"]), tmp_path)
     assert summary["rounds"] == 1 and summary["final_test_accuracy"] > 0.0
+    assert (pd.read_parquet(tmp_path / "clients.parquet")["status"] == "ok").all()
 
 
 def test_split_algorithms_take_their_split_model_per_dataset():

@@ -1,5 +1,6 @@
 """Typical split FL end to end in-process: learning, bytes and FLOPs on the virtual clock."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -46,3 +47,22 @@ def test_the_emulated_clock_paces_split_rounds(tmp_path):
     wall = m["wall_time_s"].diff().fillna(m["wall_time_s"].iloc[0])
     assert len(m) == 3 and (m["round_time_s"] > 1.0).all()
     assert (wall >= scale * m["round_time_s"]).all()
+
+
+def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():
+    # Eq. 17: w_b = sum_i d_i tau w_b,i / sum_i d_i tau (d_i tau = samples processed); the top is
+    # the server's. Workers with 10 and 30 samples send bottoms of constant 1 and 5: mean 4.
+    from rayfl.algorithms.base import ClientResult
+    from rayfl.engine import build_federation
+
+    fed = build_federation(load_config(None, ["algorithm.name=sfl", "model.name=cnn2"]))
+    policy, state = fed.policy, fed.policy.init_state(fed.initial_weights())
+    results = [
+        ClientResult(c, 1, {k: np.full_like(state.weights[k], v) for k in policy.bottom_keys}, 50, n, 0.0)
+        for c, v, n in ((0, 1.0, 10), (1, 5.0, 30))
+    ]
+    new = policy.aggregate(state, 1, results)
+    for k in policy.bottom_keys:
+        assert np.allclose(new.weights[k], (10 * 1.0 + 30 * 5.0) / 40)  # 4.0, not the plain mean 3.0
+    for k in policy.top_keys:
+        assert np.array_equal(new.weights[k], state.weights[k])

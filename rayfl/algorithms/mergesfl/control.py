@@ -128,11 +128,19 @@ def genetic_select(
     return min(polished, key=lambda s: kl_of_sets(s[None], V, d, phi_0)[0][0])
 
 
-def _island(V, d, phi_0, prio, c, budget, g, config: GAConfig) -> np.ndarray | None:
-    n, size = len(d), config.population
+def seed_population(prio: np.ndarray, size: int, g: np.random.Generator) -> np.ndarray:
+    """Alg. 1 l.4 with Eq. 13: `size` initial worker sets (rows) of m = N/2 workers each, drawn
+    without replacement with probability proportional to their priority p_i."""
+    n = len(prio)
     pop = np.zeros((size, n), bool)
     for k in range(size):
         pop[k, g.choice(n, size=max(1, n // 2), replace=False, p=prio / prio.sum())] = True
+    return pop
+
+
+def _island(V, d, phi_0, prio, c, budget, g, config: GAConfig) -> np.ndarray | None:
+    n, size = len(d), config.population
+    pop = seed_population(prio, size, g)
     flip = config.mutation if config.mutation is not None else 1.0 / n
     best, best_kl = None, np.inf
     for generation in range(config.generations + 1):
@@ -182,9 +190,10 @@ def finetune_batch_sizes(
     at the least added time Delta = (1/R) sum_i |Delta d_i| (mu_i + beta_i).
 
     The paper solves it as a Lagrange dual; rayfl solves the same constrained problem with
-    scipy's SLSQP on a smooth |.| over real batch sizes in [1, D], then rounds to integers
-    (rounding can leave KL a hair above eps; the caller's measured KL is reported). Batch sizes
-    already within eps are returned unchanged.
+    scipy's SLSQP on a smooth |.| over real batch sizes in [1, D], rounds to integers, and then,
+    while the rounded sizes exceed eps, takes the single +-1 step with the most KL reduction per
+    added time (`_repair`), so the constraint holds whenever integers in [1, D] can meet it.
+    Batch sizes already within eps are returned unchanged.
     """
     V, d0 = np.asarray(V, float), np.asarray(d, float)
     w = np.asarray(per_sample, float) / len(d0)
@@ -200,14 +209,36 @@ def finetune_batch_sizes(
         return epsilon - kl(merged_distribution(V, x, everyone), phi_0)
 
     res = minimize(added_time, d0, method="SLSQP", bounds=[(1, max_batch)] * len(d0), constraints=[{"type": "ineq", "fun": slack}])
-    return np.clip(np.rint(res.x), 1, max_batch).astype(int)
+    return _repair(np.clip(np.rint(res.x), 1, max_batch).astype(int), V, d0, w, phi_0, epsilon, max_batch)
+
+
+def _repair(d: np.ndarray, V: np.ndarray, d0: np.ndarray, w: np.ndarray, phi_0: np.ndarray, epsilon: float, max_batch: int) -> np.ndarray:
+    """Integer sizes meeting KL <= eps: from `d`, the +-1 step with the largest KL reduction per
+    unit of added Eq. 14 time, until the constraint holds or no step reduces KL."""
+    n = len(d)
+    steps = np.concatenate([np.eye(n, dtype=int), -np.eye(n, dtype=int)])
+    current = kl(merged_distribution(V, d, np.ones(n, bool)), phi_0)
+    while current > epsilon:
+        candidates = d[None] + steps
+        ok = (candidates >= 1).all(1) & (candidates <= max_batch).all(1)
+        kls = np.array([kl(merged_distribution(V, x, np.ones(n, bool)), phi_0) if good else np.inf for x, good in zip(candidates, ok)])
+        added = (np.abs(candidates - d0) - np.abs(d - d0)) @ w
+        gain = np.where(kls < current, (current - kls) / np.maximum(added, _TINY), -np.inf)
+        if gain.max() == -np.inf:
+            break
+        k = int(np.argmax(gain))
+        d, current = candidates[k], kls[k]
+    return d
 
 
 def fill_bandwidth(d: np.ndarray, c: float, budget: float, max_batch: int) -> np.ndarray:
-    """Alg. 1 l.7: scale all batch sizes by one factor so that sum_i d_i c uses the budget (Eq. 10)
-    as fully as integers allow, each within [1, D]."""
+    """Alg. 1 l.7: scale all batch sizes by one factor s so that sum_i d_i c uses the budget
+    (Eq. 10) as fully as integers allow: s = min(B / (c sum_i d_i), D / max_i d_i), so the sizes
+    stay in proportion (the durations Eq. 9 aligned stay aligned) and the largest is at most D;
+    each is floor(s d_i), at least 1."""
     d = np.asarray(d, float)
-    scaled = np.clip(np.floor(d * budget / (d.sum() * c) + 1e-9), 1, max_batch).astype(int)
+    s = min(budget / (d.sum() * c), max_batch / d.max())
+    scaled = np.maximum(1, np.floor(d * s + 1e-9)).astype(int)
     while scaled.sum() * c > budget + 1e-9 and (scaled > 1).any():  # the floor of 1 may overshoot
         scaled[np.argmax(scaled)] -= 1
     return scaled

@@ -21,7 +21,8 @@ with regulation on (`adasfl`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -44,12 +45,22 @@ class MergeSFLConfig(SFLConfig):
     scale_top_lr: bool = Field(True, description="top-model lr proportional to the batch it steps on, as worker lrs (false: lr)")
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
     max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
+    budget: Literal["fixed", "estimated"] = Field("fixed", description="B^h of Eq. 10: max_merged every round, or estimated from the ingress the PS observed in earlier rounds (Sec. IV-B)")
+    budget_quantile: float = Field(0.5, gt=0, lt=1, description="estimated B^h: this quantile of the earlier rounds' observed ingress")
+    ingress_jitter: float = Field(0.0, ge=0, description="sigma of the PS's available ingress: B^h = max_merged exp(sigma N(0, 1)) per round")
     epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
     alpha: float = Field(0.8, ge=0, le=1, description="moving-average weight of Eq. 5-6")
     noise: float = Field(0.1, ge=0, description="relative std of the measured mu_hat, beta_hat around the device model")
     ga_population: int = Field(100, ge=2)
     ga_generations: int = Field(150, ge=1)
     ga_islands: int = Field(4, ge=1)
+
+
+@dataclass(frozen=True)
+class Ingress:
+    """The PS's ingress observed in each round so far (B^h / c), what `budget: estimated` reads."""
+
+    observed: tuple[float, ...]
 
 
 class MergeSFLPolicy(SFLPolicy):
@@ -81,7 +92,24 @@ class MergeSFLPolicy(SFLPolicy):
     def init_state(self, weights):
         mu, beta = self.measure(0)
         clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(0.0)} for c in range(self.context.num_clients)}
-        return ServerState(round=0, weights=dict(weights), clients=clients)
+        return ServerState(round=0, weights=dict(weights), opt_state=Ingress(()), clients=clients)
+
+    def ingress(self, round: Round) -> float:
+        """The PS's available ingress B^h / c in round h (samples of features per iteration):
+        max_merged, times exp(sigma N(0, 1)) keyed by (seed, round) with `ingress_jitter` sigma."""
+        cfg = self.config.algorithm
+        noise = rng.generator(self.context.seed, "mergesfl-ingress", round).standard_normal() if cfg.ingress_jitter else 0.0
+        return cfg.max_merged * float(np.exp(cfg.ingress_jitter * noise))
+
+    def budget(self, state: ServerState) -> float:
+        """B^h / c for the coming round (Eq. 10): `max_merged`, or with `budget: estimated` the
+        `budget_quantile` of the ingress observed in earlier rounds ("we analyze the statistical
+        distribution of the ingress bandwidth ... in the previous rounds", Sec. IV-B), which is
+        `max_merged` before any round was observed."""
+        cfg, seen = self.config.algorithm, state.opt_state.observed
+        if cfg.budget == "fixed" or not seen:
+            return float(cfg.max_merged)
+        return float(np.quantile(seen, cfg.budget_quantile))
 
     def batch_sizes(self, state: ServerState) -> np.ndarray:
         """Alg. 1 l.1-2: Eq. 9 for every worker; without regulation (Fig. 11's "MergeSFL w/o
@@ -98,11 +126,11 @@ class MergeSFLPolicy(SFLPolicy):
         cfg = self.config.algorithm
         if not cfg.kl_aware:
             return super().select(state, round, available)
-        avail = np.asarray(sorted(available))
+        avail = np.asarray(sorted(self.workers(available)))
         d = self.batch_sizes(state)[avail]
         _, _, K = self.estimates(state)
         g = rng.generator(self.context.seed, "mergesfl-ga", round)
-        chosen = control.genetic_select(self.V[avail], d, self.phi_0, control.priority(K[avail]), 1.0, cfg.max_merged, g, self.ga)
+        chosen = control.genetic_select(self.V[avail], d, self.phi_0, control.priority(K[avail]), 1.0, self.budget(state), g, self.ga)
         return [int(c) for c in avail[chosen]]
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
@@ -114,7 +142,7 @@ class MergeSFLPolicy(SFLPolicy):
         if cfg.regulate_batch and cfg.kl_aware and len(idx) > 1:
             mu, beta, _ = self.estimates(state)
             d = control.finetune_batch_sizes(self.V[idx], d, (mu + beta)[idx], self.phi_0, cfg.epsilon, cfg.max_batch)
-        d = control.fill_bandwidth(d, 1.0, cfg.max_merged, cfg.max_batch)
+        d = control.fill_bandwidth(d, 1.0, self.budget(state), cfg.max_batch)
         bottom, opt = self.bottom(state.weights), self.optimizer(round)
         return [
             self.task(int(c), round, bottom, kind=SplitTask, local_epochs=1, batch_size=int(di), optimizer=opt.with_lr(opt.lr * int(di) / fed.batch_size), tau=cfg.tau)
@@ -145,15 +173,20 @@ class MergeSFLPolicy(SFLPolicy):
         for r in results:
             K[r.client_id] += 1
         clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(K[c])} for c in range(self.context.num_clients)}
-        return new.replace(clients=clients)
+        return new.replace(opt_state=Ingress((*state.opt_state.observed, self.ingress(round))), clients=clients)
 
     def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
-        """The merged label distribution's KL to Phi_0 (Eq. 12) and the merged batch sum d_i."""
+        """The merged label distribution's KL to Phi_0 (Eq. 12), the merged batch sum d_i and the
+        PS's available ingress B^h / c."""
         if not tasks:
-            return {"kl": float("nan"), "merged_batch": 0}
+            return {"kl": float("nan"), "merged_batch": 0, "ingress": self.ingress(round)}
         idx = np.array([t.client_id for t in tasks])
         d = np.array([t.batch_size for t in tasks])
-        return {"kl": control.kl(control.merged_distribution(self.V[idx], d, np.ones(len(idx), bool)), self.phi_0), "merged_batch": int(d.sum())}
+        return {
+            "kl": control.kl(control.merged_distribution(self.V[idx], d, np.ones(len(idx), bool)), self.phi_0),
+            "merged_batch": int(d.sum()),
+            "ingress": self.ingress(round),
+        }
 
 
 class AdaSFLConfig(MergeSFLConfig):

@@ -95,8 +95,36 @@ def test_finetune_reaches_epsilon_and_leaves_good_sets_alone():
     assert mc.finetune_batch_sizes(V, balanced, np.ones(3), phi_0, 0.005, 32).tolist() == balanced.tolist()
 
 
+def test_finetuned_integer_sizes_meet_epsilon():
+    # V = I2, d = [30, 10], per-sample [3, 1], eps 0.001: rounding SLSQP's real optimum to the
+    # nearest integers gave KL 0.00139 (39% over eps); the integer repair must meet eps.
+    V, phi_0 = np.eye(2), np.array([0.5, 0.5])
+    tuned = mc.finetune_batch_sizes(V, np.array([30, 10]), np.array([3.0, 1.0]), phi_0, epsilon=0.001, max_batch=32)
+    assert mc.kl(mc.merged_distribution(V, tuned, np.ones(2, bool)), phi_0) <= 0.001
+    assert 1 <= tuned.min() and tuned.max() <= 32 and tuned[0] == 30  # the costly worker (3 per sample) stays
+
+
+def test_ga_population_is_seeded_by_eq13_priority():
+    # Eq. 13: rarely chosen workers come first. Worker 0 (never chosen) has 9x the priority of the
+    # others (each chosen 8 times): it starts in nearly every initial set of N/2 = 5 workers.
+    prio = mc.priority(np.array([0] + [8] * 9))
+    pop = mc.seed_population(prio, 400, np.random.default_rng(0))
+    assert pop.sum(1).tolist() == [5] * 400
+    share = pop.mean(0)
+    assert share[0] > 0.95 and share[1:].max() < 0.55  # uniform seeding would give every worker 0.5
+
+
 def test_fill_bandwidth_scales_proportionally_within_budget():
     assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=12.0, max_batch=64).tolist() == [8, 4]
     assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=13.0, max_batch=64).tolist() == [8, 4]
-    assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=1000.0, max_batch=16).tolist() == [16, 16]
+    # The budget allows 166x, D allows 4x: one factor, 4, keeps the 2:1 proportion (not [16, 16]).
+    assert mc.fill_bandwidth(np.array([4, 2]), c=1.0, budget=1000.0, max_batch=16).tolist() == [16, 8]
     assert mc.fill_bandwidth(np.array([8, 8]), c=2.0, budget=8.0, max_batch=64).tolist() == [2, 2]
+
+
+def test_fill_bandwidth_keeps_eq9s_aligned_durations():
+    # Alg. 1 l.7: per-sample times [1, 2, 4] regulated to [32, 16, 8] (iterations of 32 time units
+    # each); B/c = 160 would allow 2.86x, but D = 32 caps the factor at 1: the sizes stay, aligned.
+    d = mc.fill_bandwidth(np.array([32, 16, 8]), c=1.0, budget=160.0, max_batch=32)
+    assert d.tolist() == [32, 16, 8]
+    assert (d * np.array([1, 2, 4])).tolist() == [32, 32, 32]

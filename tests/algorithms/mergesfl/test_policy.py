@@ -88,3 +88,27 @@ def test_top_lr_scales_with_the_batch_it_steps_on(fed):
     assert fed.policy.top_lrs(1, tasks) == pytest.approx([0.05 * merged / 8])
     unmerged = build_federation(load_config(None, [*PLAN, "algorithm.merge_features=false"])).policy
     assert unmerged.top_lrs(1, tasks) == pytest.approx([0.05 * t.batch_size / 8 for t in tasks])
+
+
+def test_the_budget_can_be_estimated_from_the_ingress_of_earlier_rounds(fed):
+    # Sec. IV-B: B^h from the statistics of the PS's ingress in previous rounds. With jitter the
+    # available ingress varies per round; the estimate is the configured quantile of what was seen.
+    sets = [*PLAN, "algorithm.budget=estimated", "algorithm.budget_quantile=0.25", "algorithm.ingress_jitter=0.3", "algorithm.ga_generations=10"]
+    est = build_federation(load_config(None, sets))
+    policy = est.policy
+    state = policy.init_state(est.initial_weights())
+    assert policy.budget(state) == 120  # nothing observed yet: max_merged
+    from rayfl.runner import InProcessExecutor
+
+    seen = []
+    for rnd in (1, 2, 3):
+        tasks = policy.configure(state, rnd, policy.select(state, rnd, list(range(20))))
+        assert sum(t.batch_size for t in tasks) <= policy.budget(state) + 1e-9  # Eq. 10 under the round's B^h
+        results = InProcessExecutor(est).exchange(tasks, policy.open_driver(state, rnd, tasks))
+        state = policy.aggregate(state, rnd, results)
+        seen.append(policy.ingress(rnd))
+        assert state.opt_state.observed == tuple(seen)
+        assert policy.budget(state) == pytest.approx(np.quantile(seen, 0.25))
+    assert len(set(seen)) == 3  # the ingress varied round to round
+    # The fixed budget ignores what was observed.
+    assert fed.policy.budget(state) == 120
