@@ -16,7 +16,7 @@ from typing import Any
 import ray
 import torch
 
-from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.algorithms.base import ClientResult, ClientTask
 from rayfl.algorithms.exchange import invoke
 from rayfl.config import RunConfig
 from rayfl.types import Weights
@@ -47,6 +47,7 @@ class ClientActor:
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
         self.device = device
         self.runner: Any = None
+        self.policy: Any = None
         self.sessions: dict[int, Any] = {}
 
     def hosting(self, federation_box: list) -> Any:
@@ -55,12 +56,18 @@ class ClientActor:
         if self.runner is None:
             from rayfl.client import ClientRunner
 
-            self.runner = ClientRunner.of(ray.get(federation_box[0]), self.device)
+            fed = ray.get(federation_box[0])
+            self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy
         return self.runner
 
-    def run(self, federation_box: list, task: ClientTask, weights: Weights) -> ClientResult | ClientFailure:
-        """Train one task; the round's weights arrive as a separate (shared, zero-copy) argument."""
-        return self.hosting(federation_box).run(dataclasses.replace(task, weights=weights))
+    def run_group(self, federation_box: list, tasks: list[ClientTask], weight_refs: list) -> Any:
+        """Train a group of tasks (the core's `run_group`); the round's weights arrive as object
+        references, one per task (the same few shared by all), read zero-copy."""
+        from rayfl.engine import run_group
+
+        runner = self.hosting(federation_box)
+        weights = ray.get(weight_refs)
+        return run_group(runner, self.policy, [dataclasses.replace(t, weights=w) for t, w in zip(tasks, weights)])
 
     def hold(self, seconds: float) -> None:
         """Stay busy (`clock: emulate`): a client's task lasts its scaled virtual time."""

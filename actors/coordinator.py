@@ -61,7 +61,7 @@ class Coordinator:
 
     def run(self, start: Start) -> dict[str, Any]:
         with torch_threads():
-            return run_federation(self.fed, RayExecutor(self.clients, self.federation_ref), self.run_dir, start, self._on_round)
+            return run_federation(self.fed, RayExecutor(self.clients, self.federation_ref, self.fed.policy), self.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         self.metrics.record(row)

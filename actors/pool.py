@@ -1,11 +1,13 @@
 """Pool sizing and the Ray executor: any idle client actor takes the next task.
 
 The executor puts each distinct weights dict in the object store once per round and passes
-the reference, so every actor reads the same arrays zero-copy. A task whose actor dies is
+the reference, so every actor reads the same arrays zero-copy. A group whose actor dies is
 retried on another actor (a restarted actor rejoins the pool; one that fails `max_attempts`
 calls in a row leaves it); after `max_attempts` tries the client is recorded as failed for
-the round. Under `clock: emulate` an actor that finished early holds until its client's
-scaled virtual time has passed. A server-in-the-loop round pins each session to one actor and
+the round. Tasks travel in groups (`ray.clients_per_call` clients per actor call), each run by
+the core's `run_group`, which returns one partial sum for the group where the algorithm's
+aggregate is a sum. Under `clock: emulate` an actor that finished early holds until its
+clients' scaled virtual times have passed. A server-in-the-loop round pins each session to one actor and
 relays the driver's calls (`ActorRelay`); the executor knows nothing of what they carry.
 """
 
@@ -20,10 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask
+from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, ServerPolicy
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import Pace
+from rayfl.engine import GroupOutcome, Pace, settle
 from rayfl.runner import exchange_failed
 
 
@@ -78,11 +80,12 @@ def wait_for_actors(actors: Sequence[ray.actor.ActorHandle], timeout_s: float, r
 
 
 class RayExecutor:
-    """Dispatches a round's tasks over client actors, first idle actor first."""
+    """Dispatches a round's groups of clients over client actors, first idle actor first."""
 
-    def __init__(self, actors: Sequence[ray.actor.ActorHandle], federation_ref: ray.ObjectRef, max_attempts: int = 3):
+    def __init__(self, actors: Sequence[ray.actor.ActorHandle], federation_ref: ray.ObjectRef, policy: ServerPolicy, max_attempts: int = 3):
         self.actors = list(actors)
         self.box = [federation_ref]  # boxed: each actor resolves it itself, once
+        self.policy = policy
         self.max_attempts = max_attempts
 
     def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:
@@ -93,58 +96,17 @@ class RayExecutor:
                 refs[id(task.weights)] = ray.put(dict(task.weights))
         return refs
 
-    def run(self, tasks: Sequence[ClientTask], pace: Pace | None = None) -> list[ClientResult | ClientFailure]:
-        refs = self.put_weights(tasks)
-        pending = deque(tasks)
-        idle = deque(self.actors)
-        attempts: dict[int, int] = {}
-        strikes: dict[int, int] = {}  # consecutive failed calls per actor
-        inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, ClientTask | None, float]] = {}
-        out: list[ClientResult | ClientFailure] = []
-        while pending or inflight:
-            while pending and idle:
-                task = pending.popleft()
-                actor = idle.popleft()
-                call = actor.run.options(name=f"round{task.round}/client{task.client_id}")
-                inflight[call.remote(self.box, dataclasses.replace(task, weights={}), refs[id(task.weights)])] = (actor, task, time.perf_counter())
-            if not inflight:  # every actor is gone
-                out += [ClientFailure(t.client_id, t.round, "no client actor left") for t in pending]
-                break
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            actor, task, started = inflight.pop(ready[0])
-            if task is None:  # a pacing hold ended: the actor is free again (or restarting, if it died)
-                try:
-                    ray.get(ready[0])
-                except RayActorError:
-                    pass
-                idle.append(actor)
-                continue
-            try:
-                result = ray.get(ready[0])
-                strikes[id(actor)] = 0
-            except RayActorError:
-                strikes[id(actor)] = strikes.get(id(actor), 0) + 1
-                if strikes[id(actor)] < self.max_attempts:
-                    idle.append(actor)
-                else:
-                    self.actors.remove(actor)
-                attempts[task.client_id] = attempts.get(task.client_id, 0) + 1
-                if attempts[task.client_id] < self.max_attempts:
-                    pending.append(task)
-                else:
-                    out.append(ClientFailure(task.client_id, task.round, f"actor died {self.max_attempts} times"))
-                continue
-            except RayTaskError as exc:
-                idle.append(actor)
-                out.append(ClientFailure(task.client_id, task.round, f"{type(exc.cause).__name__}: {exc.cause}"))
-                continue
-            out.append(result)
-            hold = pace(task, result) - (time.perf_counter() - started) if pace is not None and isinstance(result, ClientResult) else 0.0
-            if hold > 0:
-                inflight[actor.hold.options(name=f"round{task.round}/client{task.client_id}/pace").remote(hold)] = (actor, None, 0.0)
-            else:
-                idle.append(actor)
-        return out
+    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+        """Send the first groups to the idle actors now; the returned call feeds the rest to actors
+        as they free up (a group whose actor dies goes to another, `max_attempts` times; then its
+        clients fail) and returns every group's outcome in group order."""
+        work = _Dispatch(self, groups, pace)
+        work.feed()
+        return work.gather
+
+    def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
+        """A group whose call failed as a whole: each client failed, having downloaded the model."""
+        return GroupOutcome([settle(self.policy, t, ClientFailure(t.client_id, t.round, reason)) for t in group], None)
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round with every client's session pinned to one actor for the
@@ -186,3 +148,70 @@ class ActorRelay:
 
     def post(self, method: str, args: Sequence[tuple] | None = None) -> None:
         self.pending += self.send(method, args)
+
+
+class _Dispatch:
+    """One round's groups in flight on a `RayExecutor`'s actors."""
+
+    def __init__(self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], pace: Pace | None):
+        self.ex, self.pace = executor, pace
+        self.refs = executor.put_weights([t for g in groups for t in g])
+        self.pending = deque(enumerate(groups))
+        self.idle = deque(executor.actors)
+        self.attempts: dict[int, int] = {}
+        self.strikes: dict[int, int] = {}  # consecutive failed calls per actor
+        self.inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, int | None, float]] = {}
+        self.out: dict[int, GroupOutcome] = {}
+        self.groups = list(groups)
+
+    def feed(self) -> None:
+        while self.pending and self.idle:
+            k, group = self.pending.popleft()
+            actor = self.idle.popleft()
+            light = [dataclasses.replace(t, weights={}) for t in group]
+            weights = [self.refs[id(t.weights)] for t in group]
+            call = actor.run_group.options(name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}")
+            self.inflight[call.remote(self.ex.box, light, weights)] = (actor, k, time.perf_counter())
+
+    def gather(self) -> list[GroupOutcome]:
+        while self.pending or self.inflight:
+            self.feed()
+            if not self.inflight:  # every actor is gone
+                for k, group in self.pending:
+                    self.out[k] = self.ex.failed(group, "no client actor left")
+                break
+            ready, _ = ray.wait(list(self.inflight), num_returns=1)
+            actor, k, started = self.inflight.pop(ready[0])
+            if k is None:  # a pacing hold ended: the actor is free again (or restarting, if it died)
+                try:
+                    ray.get(ready[0])
+                except RayActorError:
+                    pass
+                self.idle.append(actor)
+                continue
+            try:
+                outcome = ray.get(ready[0])
+                self.strikes[id(actor)] = 0
+            except RayActorError:
+                self.strikes[id(actor)] = self.strikes.get(id(actor), 0) + 1
+                if self.strikes[id(actor)] < self.ex.max_attempts:
+                    self.idle.append(actor)
+                else:
+                    self.ex.actors.remove(actor)
+                self.attempts[k] = self.attempts.get(k, 0) + 1
+                if self.attempts[k] < self.ex.max_attempts:
+                    self.pending.append((k, self.groups[k]))
+                else:
+                    self.out[k] = self.ex.failed(self.groups[k], f"actor died {self.ex.max_attempts} times")
+                continue
+            except RayTaskError as exc:
+                self.idle.append(actor)
+                self.out[k] = self.ex.failed(self.groups[k], f"{type(exc.cause).__name__}: {exc.cause}")
+                continue
+            self.out[k] = outcome
+            hold = self.pace(outcome) - (time.perf_counter() - started) if self.pace is not None else 0.0
+            if hold > 0:
+                self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = (actor, None, 0.0)
+            else:
+                self.idle.append(actor)
+        return [self.out[k] for k in range(len(self.groups))]

@@ -7,9 +7,10 @@ selection and batch order (it borrows rayfl's data helpers and seeded draws, not
 
 Each side runs as a fresh process and is timed from launch to exit, so imports and, for
 rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs
-twice: as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`. Prints
-the wall times, the ratios, and the accuracies; also the time of the round loop alone (for
-rayfl from the first round's start to the last round's end, Ray already up).
+twice on Ray: as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`,
+and once in process (`--local`). Prints the wall times, the ratios, and the accuracies; also
+the time of the round loop alone (for rayfl from the first round's start to the last round's
+end, Ray already up).
 
     python bench/fedavg_reference.py [--rounds 30]
 """
@@ -42,9 +43,9 @@ def plain_loop(rounds: int) -> dict:
     import torch.nn.functional as F
 
     from rayfl import rng
-    from rayfl.client import batches
-    from rayfl.loader import load_config
+    from rayfl.client import epoch_batches
     from rayfl.data import load_dataset, partition
+    from rayfl.loader import load_config
     from rayfl.models import build_model
 
     torch.set_num_threads(1)
@@ -52,7 +53,7 @@ def plain_loop(rounds: int) -> dict:
     cfg = load_config(None, [*OVERRIDES, f"federation.rounds={rounds}"])
     fed, seed = cfg.federation, cfg.seed
     ds = load_dataset(cfg.data, seed)
-    parts = partition(ds, cfg.data, seed).train
+    parts = partition(ds, cfg.data, seed).parts
     with rng.seeded_torch(seed, "init"):
         model = build_model(cfg.model, ds.input_shape, ds.num_classes)
     x_test, y_test = torch.tensor(ds.x_test), torch.tensor(ds.y_test)
@@ -71,7 +72,7 @@ def plain_loop(rounds: int) -> dict:
             opt = torch.optim.SGD(model.parameters(), lr=fed.lr, momentum=fed.momentum)
             g = rng.generator(seed, "batches", rnd, int(c))
             for _ in range(fed.local_epochs):
-                for b in batches(len(idx), fed.batch_size, g):
+                for b in epoch_batches(len(idx), fed.batch_size, g):
                     opt.zero_grad()
                     F.cross_entropy(model(x[b]), y[b]).backward()
                     opt.step()
@@ -105,10 +106,14 @@ def main() -> None:
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra in (("rayfl, dashboard on", []), ("rayfl, dashboard off", ["ray.dashboard=false"])):
+        for label, extra, flags in (
+            ("rayfl, dashboard on", [], []),
+            ("rayfl, dashboard off", ["ray.dashboard=false"], []),
+            ("rayfl --local", [], ["--local"]),
+        ):
             sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
             out = f"{tmp}/{len(runs)}"
-            wall, _ = timed([sys.executable, "-m", "rayfl", "run", *sets, "--out", out])
+            wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
             runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
     print(f"workload: digits, 100 clients, 10/round, {args.rounds} rounds, 5 epochs, batch 10, cnn2, SGD 0.02 m0.9")
     print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio (loop)':>14}")

@@ -51,7 +51,7 @@ def main() -> None:
         try:
             actors = create_client_actors(fed.config, "bench", args.actors)
             ray.get([a.info.remote() for a in actors])
-            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed)))
+            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed), fed.policy))
         finally:
             ray.shutdown()
     base, on_ray = timings.values()

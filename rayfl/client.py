@@ -21,6 +21,7 @@ from torch import nn
 from . import rng
 from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask
 from .config import ModelConfig
+from .data import Clients
 from .models import ModelCache
 from .types import Weights
 
@@ -105,31 +106,22 @@ class ClientContext:
 class ClientRunner:
     """Runs client tasks of one federation against the training arrays it holds."""
 
-    def __init__(
-        self,
-        procedure: ClientProcedure,
-        x_train: np.ndarray,
-        y_train: np.ndarray,
-        train_indices: Sequence[np.ndarray],
-        num_classes: int,
-        seed: int,
-        device: str = "cpu",
-    ):
+    def __init__(self, procedure: ClientProcedure, clients: Clients, seed: int, device: str = "cpu", vectorize: int = 1):
         self.procedure = procedure
-        self.x_train, self.y_train = x_train, y_train
-        self.train_indices = train_indices
+        self.clients = clients
         self.seed = seed
-        self.context = ClientContext(seed, ModelCache(x_train.shape[1:], num_classes, device))
+        self.vectorize = vectorize
+        self.context = ClientContext(seed, ModelCache(clients.input_shape, clients.num_classes, device))
 
     @classmethod
     def of(cls, fed: "Federation", device: str = "cpu") -> "ClientRunner":
-        ds = fed.dataset
-        return cls(fed.procedure, ds.x_train, ds.y_train, fed.partition.train, ds.num_classes, fed.config.seed, device)
+        return cls(fed.procedure, fed.clients, fed.config.seed, device, fed.config.ray.vectorize)
 
     def data(self, client: int) -> ClientData:
-        idx = self.train_indices[client]
+        """The client's samples, produced now (a logical client costs nothing until its task runs)."""
+        x, y = self.clients.train(client)
         device = self.context.device
-        return ClientData(torch.from_numpy(self.x_train[idx]).to(device), torch.from_numpy(self.y_train[idx]).to(device))
+        return ClientData(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
 
     def run(self, task: ClientTask) -> ClientResult | ClientFailure:
         """The procedure's local round, its torch draws keyed by (seed, round, client).
@@ -147,6 +139,28 @@ class ClientRunner:
             except Exception as exc:  # a client's failure is data, never the run's end
                 reason = str(exc) if isinstance(exc, ClientDiverged) else f"{type(exc).__name__}: {exc}"
                 return ClientFailure(task.client_id, task.round, reason.splitlines()[0], self.context.samples_drawn)
+
+    def run_all(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
+        """The tasks of a group: one after another, or `vectorize` at a time in one batched call
+        (`ray.vectorize`; the procedure's `run_vectorized`)."""
+        if self.vectorize <= 1:
+            return [self.run(t) for t in tasks]
+        out: list[ClientResult | ClientFailure] = []
+        for i in range(0, len(tasks), self.vectorize):
+            out += self.run_vectorized(tasks[i : i + self.vectorize])
+        return out
+
+    def run_vectorized(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
+        """Clients with samples trained together; the same outcome logic as `run`."""
+        datas = {t.client_id: self.data(t.client_id) for t in tasks}
+        live = [t for t in tasks if len(datas[t.client_id])]
+        try:
+            trained = self.procedure.run_vectorized(live, [datas[t.client_id] for t in live], self.context) if live else []
+        except Exception as exc:  # a client's failure is data, never the run's end
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            trained = [ClientFailure(t.client_id, t.round, reason) for t in live]
+        by_client = {o.client_id: o for o in trained}
+        return [by_client.get(t.client_id) or ClientFailure(t.client_id, t.round, "no training samples", skipped=True) for t in tasks]
 
     def open_session(self, task: ClientTask) -> "ClientSession":
         """The procedure's session for a server-in-the-loop round (each owns its modules, so one

@@ -62,6 +62,16 @@ class NonIidLevelPartition(Strict):
     p: float = Field(0.0, ge=0, description="non-IID level p = 1/delta")
 
 
+class SampledPartition(Strict):
+    """Each client draws `size` samples from the pool when its task runs, keyed by (seed,
+    client): any number of logical clients at no cost until drawn; clients may share samples."""
+
+    kind: Literal["sampled"] = "sampled"
+    mix: Literal["iid", "dirichlet"] = Field("dirichlet", description="iid: a uniform draw; dirichlet: label mix Dir(alpha * q)")
+    alpha: float = Field(0.5, gt=0, description="concentration alpha of the label mix")
+    size: int = Field(50, ge=1, description="samples per client")
+
+
 class NaturalPartition(Strict):
     """The dataset's own clients (`synthetic` generates one distribution per client)."""
 
@@ -69,7 +79,7 @@ class NaturalPartition(Strict):
 
 
 PartitionConfig = Annotated[
-    Union[IidPartition, DirichletPartition, ShardsPartition, NonIidLevelPartition, NaturalPartition],
+    Union[IidPartition, DirichletPartition, ShardsPartition, NonIidLevelPartition, SampledPartition, NaturalPartition],
     Field(discriminator="kind"),
 ]
 
@@ -169,6 +179,7 @@ class FederationConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(None, gt=0, description="clip each step's gradient norm to this (HeteroFL: 1)")
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
+    eval_clients: int = Field(1000, ge=1, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
     eval_batch_size: int = Field(500, ge=1)
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
@@ -214,6 +225,10 @@ class RayConfig(Strict):
     gpus_per_actor: float = Field(0.0, ge=0)
     dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
     actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed within this")
+    vectorize: int = Field(1, ge=1, description="train this many of a call's clients together in one batched computation (torch.func.vmap)")
+    clients_per_call: int = Field(
+        5, ge=1, description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner"
+    )
 
 
 class RunConfig(Strict):

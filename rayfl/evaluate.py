@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .data import Dataset
+from .data import Clients
 from .models import ModelCache
 from .types import Weights
 
@@ -17,17 +17,17 @@ from .types import Weights
 class Evaluator:
     """Test-set predictions of model variants, with HeteroFL's static-BN calibration on request."""
 
-    def __init__(self, dataset: Dataset, train_split: Sequence[np.ndarray], models: ModelCache, batch_size: int):
-        self.x_test = dataset.x_test  # numpy: shipped through the object store zero-copy
-        self.y = torch.tensor(dataset.y_test)
-        self.x_train = dataset.x_train
-        self.train_split = train_split
-        """Each client's training indices (what static-BN calibration may read)."""
+    def __init__(self, clients: Clients, models: ModelCache, batch_size: int, eval_clients: int):
+        self.clients = clients
+        """The federation's clients (what static-BN calibration may read)."""
+        x_test, y_test = clients.test_set(eval_clients)
+        self.x_test = x_test  # numpy: shipped through the object store zero-copy
+        self.y = torch.tensor(y_test)
         self.models = models
         self.batch_size = batch_size
 
     def logits(self, weights: Weights, variant: ModelConfig, calibrate: Sequence[np.ndarray] | None = None) -> torch.Tensor:
-        """Logits of the whole test set. With `calibrate` (batches of training indices), batch
+        """Logits of the whole test set. With `calibrate` (batches of training inputs), batch
         norm statistics are first recomputed as a cumulative average over those batches (sBN)."""
         if calibrate is None:
             model = self.models.load(variant, weights)
@@ -39,8 +39,8 @@ class Evaluator:
                 bn.reset_running_stats()
             model.train()
             with torch.no_grad():
-                for idx in calibrate:
-                    model(torch.from_numpy(self.x_train[idx]))
+                for x in calibrate:
+                    model(torch.from_numpy(x))
         model.eval()
         with torch.no_grad():
             batches = (torch.tensor(self.x_test[i : i + self.batch_size]) for i in range(0, len(self.y), self.batch_size))

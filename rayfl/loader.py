@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .algorithms import registry as algorithms
 from .config import ConfigError, Loader, RunConfig, format_error, read_yaml
+from .data import sources
 from .models import registry as models
 
 
@@ -64,12 +65,25 @@ def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: 
     return out
 
 
+def with_source_partition(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with the data source's own partition kind when it names none (a generated
+    federation such as `synthetic` partitions `natural`ly)."""
+    data = raw.get("data")
+    if not isinstance(data, Mapping):
+        return dict(raw)
+    src = sources().get(data.get("name", RunConfig.model_fields["data"].default.name))
+    part = data.get("partition", {})
+    if src is None or not isinstance(part, Mapping) or "kind" in part or src.partition == "dirichlet":
+        return dict(raw)
+    return {**raw, "data": {**data, "partition": {"kind": src.partition, **part}}}
+
+
 def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     """Validate a raw mapping (from YAML) into a `RunConfig`; raise `ConfigError` naming the key."""
     raw = dict(raw or {})
     if not all(isinstance(k, str) for k in raw):
         raise ConfigError("<config>: keys must be strings")
-    raw = with_default_tags(raw, RunConfig, RunConfig())
+    raw = with_default_tags(with_source_partition(raw), RunConfig, RunConfig())
     parsed = dict(raw)
     parsed["model"] = _section(raw, "model", models.config_class, default_model(raw))
     parsed["algorithm"] = _section(raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name)

@@ -23,7 +23,7 @@ from .algorithms.base import ClientFailure, ClientResult, ClientTask, ServerStat
 from .algorithms.exchange import LocalRelay, RoundDriver
 from .client import TORCH_THREADS, ClientRunner
 from .config import ConfigError, RunConfig, dump_config
-from .engine import Executor, Federation, Pace, build_federation, run_round
+from .engine import Executor, Federation, GroupOutcome, Pace, RoundOutcome, build_federation, dispatch, evaluate, run_group, settle_round
 from .metrics import Recorder
 
 Progress = Callable[[Mapping[str, Any]], None]
@@ -90,8 +90,9 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
 def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None) -> dict[str, Any]:
     """All rounds of one federation from `start`; writes RUN_DIR as it goes and returns the summary.
 
-    A resumed run recomputes the rows after its checkpoint (identically, since every draw is
-    keyed by round).
+    Round r's evaluation runs while round r + 1's clients train (its tasks are out first), so
+    the clients' hosts never wait for it; its row is then recorded and checkpointed. A resumed
+    run recomputes the rows after its checkpoint (identically, since every draw is keyed by round).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -100,15 +101,25 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
     elapsed = recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0
     fed_cfg = fed.config.federation
     t0 = time.perf_counter() - elapsed
-    for rnd in range(state.round + 1, fed_cfg.rounds + 1):
-        out = run_round(fed, state, rnd, executor, virtual_time)
-        state, virtual_time = out.state, out.row["virtual_time_s"]
+
+    def finish(out: RoundOutcome) -> None:
+        out = evaluate(fed, out)
         row = {**out.row, "wall_time_s": time.perf_counter() - t0}
         recorder.record(row, out.clients)
-        if fed_cfg.checkpoint_every and (rnd % fed_cfg.checkpoint_every == 0 or rnd == fed_cfg.rounds):
-            checkpoint.save(run_dir, state, virtual_time)
+        if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
+            checkpoint.save(run_dir, out.state, row["virtual_time_s"])
         if progress is not None:
             progress(row)
+
+    done: RoundOutcome | None = None
+    for rnd in range(state.round + 1, fed_cfg.rounds + 1):
+        next_round = dispatch(fed, state, rnd, executor)
+        if done is not None:
+            finish(done)
+        done = settle_round(fed, state, next_round, virtual_time)
+        state, virtual_time = done.state, done.row["virtual_time_s"]
+    if done is not None:
+        finish(done)
     cost = fed.cost_of(fed.policy.global_model())
     extra = {
         "dataset": fed.config.data.name,
@@ -122,20 +133,23 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
 
 
 class InProcessExecutor:
-    """Runs tasks one after another in this process, with the same `ClientRunner` actors host."""
+    """Runs groups one after another in this process, with the same `ClientRunner` actors host."""
 
     def __init__(self, fed: Federation):
         self.runner = ClientRunner.of(fed)
+        self.policy = fed.policy
 
-    def run(self, tasks: Sequence[ClientTask], pace: Pace | None = None) -> list[ClientResult | ClientFailure]:
-        out = []
-        for task in tasks:
-            start = time.perf_counter()
-            result = self.runner.run(task)
-            if pace is not None and isinstance(result, ClientResult):
-                time.sleep(max(0.0, pace(task, result) - (time.perf_counter() - start)))
-            out.append(result)
-        return out
+    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+        def gather() -> list[GroupOutcome]:
+            out = []
+            for group in groups:
+                start = time.perf_counter()
+                out.append(run_group(self.runner, self.policy, group))
+                if pace is not None:
+                    time.sleep(max(0.0, pace(out[-1]) - (time.perf_counter() - start)))
+            return out
+
+        return gather
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """The round's sessions in this process; an error anywhere in the exchange fails every

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from rayfl.data.sources import Dataset
+from rayfl.data import Dataset, Partitioned
 from rayfl.evaluate import Evaluator
 from rayfl.models import ModelCache, build_model
 from rayfl.models.mlp import MlpConfig
@@ -17,9 +17,9 @@ def test_sbn_calibration_is_the_equal_weight_average_of_batch_statistics():
     torch.manual_seed(0)
     weights = {k: v.numpy() for k, v in build_model(variant, (3,), 2).state_dict().items()}
     assert not any("running" in k for k in weights)  # sBN trains without running statistics
-    evaluator = Evaluator(ds, [np.arange(7)], ModelCache((3,), 2), batch_size=2)
+    evaluator = Evaluator(Partitioned(ds, [np.arange(7)]), ModelCache((3,), 2), batch_size=2, eval_clients=1)
     batches = [np.array([0, 1, 2]), np.array([3, 4]), np.array([5, 6])]
-    evaluator.logits(weights, variant, calibrate=batches)
+    evaluator.logits(weights, variant, calibrate=[x[b] for b in batches])
 
     calibrated = evaluator.models.load(variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False)
     bn = [m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm1d)][0]

@@ -85,8 +85,8 @@ def test_clients_train_at_the_scheduled_rate(tmp_path):
     fed = build_federation(cfg)
     weights = [fed.initial_weights()] + [checkpoint.decode(torch.load(p, weights_only=True)["state"]).weights for p in sorted((tmp_path / "checkpoints").iterdir())]
     for r, (lr, client) in enumerate(zip(metrics["lr"], clients["client_id"]), start=1):
-        idx = fed.partition.train[client]
-        x, y = torch.from_numpy(fed.dataset.x_train[idx]).flatten(1), torch.from_numpy(fed.dataset.y_train[idx])
+        x, y = (torch.from_numpy(a) for a in fed.clients.train(client))
+        x = x.flatten(1)
         w = torch.tensor(weights[r - 1]["1.weight"], requires_grad=True)
         b = torch.tensor(weights[r - 1]["1.bias"], requires_grad=True)
         F.cross_entropy(x @ w.T + b, y).backward()

@@ -68,7 +68,7 @@ def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
     # input gradient (2*64*16 = 2048): 3 * 2368 - 2048 = 5056.
     times = []
     for row in out.clients:
-        size = fed.partition.sizes()[row["client_id"]]
+        size = fed.clients.sizes()[row["client_id"]]
         assert row["num_samples"] == 2 * size  # two epochs
         slow = row["device"] == "slow"
         compute = 5056 * 2 * size / (1e8 if slow else 1e9)
@@ -84,9 +84,13 @@ def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
 class PoisonOne(InProcessExecutor):
     """Client 0 returns NaN weights (as a diverged client would)."""
 
-    def run(self, tasks, pace=None):
-        out = super().run(tasks, pace)
-        return [ClientResult(r.client_id, r.round, {k: np.full_like(v, np.nan) for k, v in r.weights.items()}, r.num_examples, r.num_samples, r.train_loss) if r.client_id == 0 else r for r in out]
+    def __init__(self, fed):
+        super().__init__(fed)
+        run_all = self.runner.run_all
+        self.runner.run_all = lambda tasks: [
+            ClientResult(r.client_id, r.round, {k: np.full_like(v, np.nan) for k, v in r.weights.items()}, r.num_examples, r.num_samples, r.train_loss) if r.client_id == 0 else r
+            for r in run_all(tasks)
+        ]
 
 
 def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
@@ -112,12 +116,17 @@ def test_each_algorithm_trains_in_process(tmp_path, name):
 
 
 class Recording(InProcessExecutor):
-    """Keeps the pace the engine hands over, and the results it was asked about."""
+    """Keeps the pace the engine hands over, and the groups' outcomes."""
 
-    def run(self, tasks, pace=None):
-        self.pace, self.tasks = pace, {t.client_id: t for t in tasks}
-        self.results = super().run(tasks, pace)
-        return self.results
+    def submit(self, groups, pace=None):
+        gather = super().submit(groups, pace)
+        self.pace = pace
+
+        def keep():
+            self.outcomes = gather()
+            return self.outcomes
+
+        return keep
 
 
 def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
@@ -129,16 +138,21 @@ def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
             flops, down, up = super().client_cost(task, result)
             return 3 * flops, down + 1000, up
 
-    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 2, "rounds": 1}, "clock": "emulate", "clock_scale": 1e-3})
+    # Two groups of two clients (ray.clients_per_call 2): a group's host is held for the sum of its
+    # clients' scaled virtual times.
+    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 4, "rounds": 1}, "clock": "emulate", "clock_scale": 1e-3, "ray": {"clients_per_call": 2}})
     with torch_threads():
         fed = build_federation(cfg)
         fed = dataclasses.replace(fed, policy=Heavier(cfg, fed.context))
         executor = Recording(fed)
         out = run_round(fed, fed.policy.init_state(fed.initial_weights()), 1, executor, 0.0)
-    for row, result in zip(out.clients, executor.results):
-        task = executor.tasks[row["client_id"]]
-        assert row["flops"] == 3 * fed.cost_of(task.model).train_flops * row["num_samples"]
-        assert executor.pace(task, result) == pytest.approx(1e-3 * row["total_s"])
+    rows = {r["client_id"]: r for r in out.clients}
+    for row in out.clients:
+        assert row["flops"] == 3 * fed.cost_of(cfg.model).train_flops * row["num_samples"]
+    assert len(executor.outcomes) == 2
+    for group in executor.outcomes:
+        ids = [s.outcome.client_id for s in group.settled]
+        assert executor.pace(group) == pytest.approx(1e-3 * sum(rows[c]["total_s"] for c in ids))
 
 
 def test_the_in_process_executor_holds_each_task_to_its_pace():
@@ -147,7 +161,7 @@ def test_the_in_process_executor_holds_each_task_to_its_pace():
         fed = build_federation(cfg)
         tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
         start = time.perf_counter()
-        InProcessExecutor(fed).run(tasks, pace=lambda task, result: 0.25)
+        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], pace=lambda group: 0.25)()
     assert time.perf_counter() - start >= 0.5
 
 
@@ -160,7 +174,7 @@ def test_a_diverged_client_is_failed_and_charged_for_what_it_did(tmp_path):
     assert (clients["status"] == "failed").all() and (clients["reason"] == "non-finite training loss").all()
     fed = build_federation(cfg)
     cost = fed.cost_of(cfg.model)
-    n = clients["client_id"].map(dict(enumerate(fed.partition.sizes())))
+    n = clients["client_id"].map(dict(enumerate(fed.clients.sizes())))
     assert (clients["num_samples"] > 0).all() and (clients["num_samples"] <= n).all()  # failed within its one epoch
     assert np.allclose(clients["flops"], cost.train_flops * clients["num_samples"])
     assert (clients["bytes_down"] == cost.param_bytes).all() and (clients["bytes_up"] == 0).all()
@@ -178,7 +192,7 @@ def test_clients_with_nothing_or_one_sample_to_train(tmp_path, partition):
     cfg = load_config(None, ["data.num_clients=2000", f"data.partition={partition}", "federation.rounds=3"])
     run_local(cfg, tmp_path)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
-    sizes = dict(enumerate(build_federation(cfg).partition.sizes()))
+    sizes = dict(enumerate(build_federation(cfg).clients.sizes()))
     n = clients["client_id"].map(sizes)
     assert (clients.loc[n == 0, "status"] == "skipped").all() and (clients.loc[n == 0, "reason"] == "no training samples").all()
     assert (clients.loc[n == 0, "bytes_down"].isna()).all()  # declined at once: no download, no time

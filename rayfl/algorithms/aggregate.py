@@ -7,7 +7,7 @@ in float64 in the order given (the engine passes client-id order), then cast bac
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,29 +38,58 @@ def _cast(value: np.ndarray, like: np.ndarray) -> np.ndarray:
     return value.astype(like.dtype, copy=False)
 
 
+WEIGHT = "#weight"
+"""The key of a weighted sum's total weight (no state-dict name starts with '#')."""
+COUNT = "#count"
+"""Suffix of a count sum's per-entry counts."""
+
+
+def add_up(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """The elementwise sum of name-keyed arrays, in float64, in the order given (the engine
+    passes client-id order within a group and group order across them, so every runner adds the
+    same numbers the same way); None for no parts."""
+    total: dict[str, np.ndarray] | None = None
+    for part in parts:
+        if total is None:
+            total = {k: np.array(v, np.float64) for k, v in part.items()}
+            continue
+        if part.keys() != total.keys():
+            raise AggregationError(f"summands differ in keys ({sorted(set(part) ^ set(total))[:3]})")
+        for k, v in part.items():
+            total[k] += v
+    return total
+
+
+def weighted_sum(update: Weights, weight: float) -> dict[str, np.ndarray]:
+    """One client's share of FedAvg's sum: n_k w_k for every key, and n_k (under `WEIGHT`)."""
+    if weight < 0:
+        raise AggregationError("weights must be non-negative")
+    return {**{k: weight * np.asarray(v, np.float64) for k, v in update.items()}, WEIGHT: np.array(float(weight))}
+
+
+def mean_of(total: Mapping[str, np.ndarray], like: Weights) -> dict[str, np.ndarray]:
+    """FedAvg's sum_k n_k w_k / sum_k n_k from a weighted sum, each key cast to `like`'s dtype."""
+    if total is None or float(total[WEIGHT]) <= 0:
+        raise AggregationError("weights must be non-negative with a positive sum (no updates, or all of weight 0)")
+    missing = sorted(set(like) - set(total))
+    if missing:
+        raise AggregationError(f"{missing[0]}: missing from the updates")
+    return {k: _cast(total[k] / total[WEIGHT], np.asarray(ref)) for k, ref in like.items()}
+
+
 def weighted_mean(updates: Sequence[Weights], weights: Sequence[float]) -> dict[str, np.ndarray]:
     """FedAvg's sum_k (n_k / n) w_k for every key (McMahan et al. 2017, Alg. 1)."""
-    if not updates:
-        raise AggregationError("no updates to aggregate")
     if len(updates) != len(weights):
         raise AggregationError(f"{len(updates)} updates but {len(weights)} weights")
-    w = np.asarray(weights, dtype=np.float64)
-    if (w < 0).any() or w.sum() <= 0:
-        raise AggregationError("weights must be non-negative with a positive sum")
-    w = w / w.sum()
-    first = updates[0]
-    out: dict[str, np.ndarray] = {}
-    for name, ref in first.items():
-        acc = np.zeros(np.shape(ref), dtype=np.float64)
-        for wk, upd in zip(w, updates):
+    for upd in updates[1:]:
+        for name, ref in updates[0].items():
             if name not in upd:
                 raise AggregationError(f"{name}: missing from an update")
-            arr = np.asarray(upd[name])
-            if arr.shape != acc.shape:
-                raise AggregationError(f"{name}: shape {arr.shape} != {acc.shape}")
-            acc += wk * arr
-        out[name] = _cast(acc, np.asarray(ref))
-    return out
+            if np.shape(upd[name]) != np.shape(ref):
+                raise AggregationError(f"{name}: shape {np.shape(upd[name])} != {np.shape(ref)}")
+    if not updates:
+        raise AggregationError("no updates to aggregate")
+    return mean_of(add_up(weighted_sum(u, w) for u, w in zip(updates, weights)), updates[0])
 
 
 def difference(new: Weights, old: Weights, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -95,6 +124,46 @@ def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]]) -> dic
     return out
 
 
+def count_sum(
+    global_shapes: Mapping[str, Sequence[int]], update: Weights, row_mask: Mapping[str, np.ndarray] | None = None, weight: float = 1.0
+) -> dict[str, np.ndarray]:
+    """One client's share of HeteroFL's per-entry mean: its (weighted) entries placed in the
+    global shapes, and per entry the weight of its holding it (under `name + COUNT`). `row_mask`
+    restricts named tensors (the classifier's rows and bias) to the rows marked True."""
+    out: dict[str, np.ndarray] = {}
+    mask = row_mask or {}
+    for name, shape in global_shapes.items():
+        shape = tuple(shape)
+        acc, cnt = np.zeros(shape, np.float64), np.zeros(shape, np.float64)
+        if name in update:
+            arr = np.asarray(update[name], np.float64)
+            if arr.ndim != len(shape) or any(n > m for n, m in zip(arr.shape, shape)):
+                raise AggregationError(f"{name}: shape {arr.shape} does not fit {shape}")
+            block = prefix(arr.shape)
+            held = np.ones(arr.shape, bool)
+            if name in mask:
+                rows = np.asarray(mask[name], bool)
+                held &= rows.reshape((-1,) + (1,) * (arr.ndim - 1))[: arr.shape[0]]
+            acc[block] = np.where(held, weight * arr, 0.0)
+            cnt[block] = weight * held
+        out[name], out[name + COUNT] = acc, cnt
+    return out
+
+
+def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """theta_e = sum_m w_m theta_m,e / sum_m w_m over the holders of each entry e; entries no
+    client holds keep their global value."""
+    if total is None:
+        return dict(global_weights)
+    out = {}
+    for name, old in global_weights.items():
+        old = np.asarray(old)
+        acc, cnt = total[name], total[name + COUNT]
+        mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
+        out[name] = _cast(np.where(cnt > 0, mean, old), old)
+    return out
+
+
 def count_mean(
     global_weights: Weights,
     updates: Sequence[Weights],
@@ -108,28 +177,9 @@ def count_mean(
     tensors (the classifier's weight rows and bias) to the rows marked True for client m: the
     classes of its label split. HeteroFL does not weight by sample count (public code `fed.py`
     combine); `client_weights` w_m, when given, make it sum_m w_m theta_m,e / sum_m w_m (FedAvg's
-    weighting over the holders of each entry).
+    weighting over the holders of each entry). The sum of `count_sum`s, then `count_finish`.
     """
-    masks = row_masks or [{} for _ in updates]
+    masks = row_masks or [None] * len(updates)
     scale = [1.0] * len(updates) if client_weights is None else [float(w) for w in client_weights]
-    out: dict[str, np.ndarray] = {}
-    for name, old in global_weights.items():
-        old = np.asarray(old)
-        acc = np.zeros(old.shape, np.float64)
-        cnt = np.zeros(old.shape, np.float64)
-        for upd, mask, w in zip(updates, masks, scale):
-            if name not in upd:
-                continue
-            arr = np.asarray(upd[name], np.float64)
-            if arr.ndim != old.ndim or any(n > m for n, m in zip(arr.shape, old.shape)):
-                raise AggregationError(f"{name}: shape {arr.shape} does not fit {old.shape}")
-            block = prefix(arr.shape)
-            held = np.ones(arr.shape, bool)
-            if name in mask:
-                rows = np.asarray(mask[name], bool)
-                held &= rows.reshape((-1,) + (1,) * (arr.ndim - 1))[: arr.shape[0]]
-            acc[block] += np.where(held, w * arr, 0.0)
-            cnt[block] += w * held
-        mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
-        out[name] = _cast(np.where(cnt > 0, mean, old), old)
-    return out
+    shapes = {k: np.shape(v) for k, v in global_weights.items()}
+    return count_finish(global_weights, add_up(count_sum(shapes, u, m, w) for u, m, w in zip(updates, masks, scale)))

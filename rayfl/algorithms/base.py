@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .. import rng
+from . import aggregate as aggregate_lib
 from ..config import ModelConfig, RunConfig
 from ..devices.cost import ModelCost, nbytes
 from ..devices.profile import DeviceState
@@ -104,8 +105,9 @@ class FederationContext:
     input_shape: tuple[int, ...]
     num_examples: np.ndarray
     """Training samples per client."""
-    label_histogram: np.ndarray
-    """(num_clients, num_classes) label counts per client."""
+    label_histogram: Callable[[], np.ndarray]
+    """(num_clients, num_classes) label counts per client, computed on the first call (a large
+    lazily drawn population pays a pass over its clients; most policies never ask)."""
     param_names: frozenset[str]
     """State-dict names that are trainable parameters (the rest are buffers)."""
     memory_bytes: np.ndarray
@@ -121,6 +123,12 @@ class FederationContext:
 class ServerPolicy:
     """Server half of an algorithm. Subclasses override verbs; instances hold only config and
     what is derived from it once (the round's learning rates, sub-model shapes, ...)."""
+
+    sums: bool = False
+    """Whether the round's aggregate is a sum over clients (FedAvg's weighted sum, HeteroFL's
+    sums and counts): then each accepted client's `summand` is added up where the clients ran,
+    a batch of clients returns one partial sum instead of one model each, and `aggregate` gets
+    the total with weightless results. Otherwise `aggregate` gets every client's weights."""
 
     def __init__(self, config: RunConfig, context: FederationContext):
         self.config = config
@@ -171,8 +179,18 @@ class ServerPolicy:
         each client trains on its own (`ClientProcedure.run`)."""
         return None
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+    def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
+        """One accepted client's share of the round's sum (policies with `sums`), float64 arrays."""
         raise NotImplementedError
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray] | None = None) -> ServerState:
+        """The new state from the round's accepted results, and, for policies with `sums`, the
+        total of their summands (None: added up here from the results' weights)."""
+        raise NotImplementedError
+
+    def total(self, results: Sequence[ClientResult], total: Mapping[str, np.ndarray] | None) -> Mapping[str, np.ndarray] | None:
+        """`total` as given, or the sum of the results' summands (results that still carry weights)."""
+        return total if total is not None else aggregate_lib.add_up(self.summand(r) for r in results)
 
     def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
         """Extra columns of the round's `metrics.parquet` row (a policy's own diagnostics)."""
@@ -204,8 +222,15 @@ class ClientProcedure:
     `init`, then `step` per seeded batch, then `final`. Override `run` to train in stages, train
     several models per batch or add local passes; the context gives the shared pieces."""
 
+    vectorizable: bool = False
+    """Whether `run_vectorized` trains several clients at once (`ray.vectorize`)."""
+
     def __init__(self, config: RunConfig):
         self.config = config
+
+    def run_vectorized(self, tasks: Sequence[ClientTask], datas: Sequence["ClientData"], ctx: "ClientContext") -> list["ClientResult | ClientFailure"]:
+        """Several clients' local rounds in one batched computation (procedures that are `vectorizable`)."""
+        raise NotImplementedError(f"{type(self).__name__} trains its clients one at a time")
 
     def run(self, task: ClientTask, data: "ClientData", ctx: "ClientContext") -> ClientResult:
         """Local training for one task. A non-finite loss (`ctx.finite`) ends it as a failure."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -20,6 +21,7 @@ from . import aggregate, server_opt
 from .base import ClientProcedure, ClientResult, ClientTask, LocalState, ServerPolicy, ServerState
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig
+from .vectorize import train_vectorized
 from ..types import Round, Weights
 
 
@@ -32,6 +34,8 @@ class FedAvgConfig(AlgorithmConfig):
 class FedAvgPolicy(ServerPolicy):
     """FedAvg's server half; subclasses change the server optimizer (`opt_init`)."""
 
+    sums = True
+
     def opt_init(self, params: Weights) -> server_opt.ServerOptState:
         cfg = self.config.algorithm
         return server_opt.init("sgd", params, eta=cfg.server_lr, beta1=cfg.server_momentum)
@@ -40,11 +44,15 @@ class FedAvgPolicy(ServerPolicy):
         params = {k: v for k, v in weights.items() if k in self.context.param_names}
         return ServerState(round=0, weights=dict(weights), opt_state=self.opt_init(params))
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+    def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
+        """n_k x_k and n_k (Alg. 1 l.9's weighted sum)."""
+        return aggregate.weighted_sum(result.weights, result.num_examples)
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
         """Alg. 1 l.9: x_{t+1} <- x_t + eta * sum_k (n_k / n)(x_k - x_t)."""
         if not results:
             return state.replace(round=round)
-        mean = aggregate.weighted_mean([r.weights for r in results], [r.num_examples for r in results])
+        mean = aggregate.mean_of(self.total(results, total), state.weights)
         params = [k for k in state.weights if k in self.context.param_names]
         delta = aggregate.difference(mean, state.weights, params)
         opt_state, new_params = server_opt.apply(state.opt_state, state.weights, delta)
@@ -53,7 +61,16 @@ class FedAvgPolicy(ServerPolicy):
 
 
 class FedAvgClient(ClientProcedure):
-    """Local minibatch training with the task's optimizer (SGD by default)."""
+    """Local minibatch training with the task's optimizer (SGD by default); vectorizable."""
+
+    vectorizable = True
+
+    def run_vectorized(self, tasks, datas, ctx):
+        """K clients' local epochs in one batched computation (`vectorize`)."""
+        return train_vectorized(tasks, datas, ctx, self.penalty)
+
+    penalty = None
+    """A per-client loss term over stacked parameters for the vectorized path (FedProx's)."""
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
         model.train()

@@ -27,6 +27,10 @@ class FedProxClient(FedAvgClient):
         state.extras = [p.detach().clone() for p in model.parameters()]  # w^t
         return state
 
+    def penalty(self, params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Eq. 2's proximal term for K stacked clients: (mu / 2) ||w_k - w^t||^2 each."""
+        return self.config.algorithm.mu / 2 * sum(((p - initial[n]) ** 2).flatten(1).sum(1) for n, p in params.items())
+
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Eq. 2: F_k(w) + (mu / 2) ||w - w^t||^2."""
         prox = sum(((p - p0) ** 2).sum() for p, p0 in zip(state.model.parameters(), state.extras))

@@ -37,6 +37,7 @@ from .base import ClientResult, ClientTask, FederationContext, LocalState, Serve
 from .fedavg import FedAvgClient
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
+from ..data import Clients
 from ..evaluate import Evaluator, scores
 from ..models import build_model
 from ..models.layers import ScaledConfig
@@ -98,6 +99,8 @@ class HeteroFLTask(ClientTask):
 
 
 class HeteroFLPolicy(ServerPolicy):
+    sums = True
+
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         if not isinstance(config.model, ScaledConfig):
@@ -106,7 +109,7 @@ class HeteroFLPolicy(ServerPolicy):
         g = self.levels[0].rate
         self.variants = [config.model.model_copy(update={"rate": l.rate, "scaler": l.rate / g}) for l in self.levels]
         self.shapes = [self._shapes(v) for v in self.variants]
-        self.label_splits = [tuple(int(c) for c in np.flatnonzero(h)) for h in context.label_histogram]
+        self.label_splits = [tuple(int(c) for c in np.flatnonzero(h)) for h in context.label_histogram()]
         mode = config.algorithm.mode
         if mode == "fix":
             self.fixed = assign_fix(self.levels, context.num_clients)
@@ -145,30 +148,34 @@ class HeteroFLPolicy(ServerPolicy):
             tasks.append(self.task(c, round, weights, kind=HeteroFLTask, model=self.variants[k], label_split=self.label_splits[c]))
         return tasks
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+    def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
+        """Sec. 3.1: the client's entries in the global shapes and the entries it holds, its
+        classifier rows restricted to its label split (`label_split_rows`); weighted by n_k
+        with `weighting: samples`."""
+        mask = {k: self.class_mask(result.client_id) for k in self.classifier} if self.config.algorithm.label_split_rows else None
+        weight = result.num_examples if self.config.algorithm.weighting == "samples" else 1.0
+        return aggregate.count_sum(self.shapes[0], result.weights, mask, weight)
+
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
         """Sec. 3.1: per-entry mean over the clients holding it; classifier rows by label split."""
         if not results:
             return state.replace(round=round)
-        masks = None
-        if self.config.algorithm.label_split_rows:
-            masks = [{k: self.class_mask(r.client_id) for k in self.classifier} for r in results]
-        sizes = [r.num_examples for r in results] if self.config.algorithm.weighting == "samples" else None
-        weights = aggregate.count_mean(state.weights, [r.weights for r in results], masks, sizes)
-        return state.replace(round=round, weights=weights)
+        return state.replace(round=round, weights=aggregate.count_finish(state.weights, self.total(results, total)))
 
     def class_mask(self, client: ClientId) -> np.ndarray:
         mask = np.zeros(self.context.num_classes, bool)
         mask[list(self.label_splits[client])] = True
         return mask
 
-    def calibration_batches(self, round: Round, train: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """sBN: the training data of all (or a seeded share of) clients in batches, shuffled."""
+    def calibration_batches(self, round: Round, clients: Clients) -> list[np.ndarray]:
+        """sBN: the training inputs of all (or a seeded share of) clients in batches, shuffled."""
         g = rng.generator(self.context.seed, "sbn", round)
-        share = self.config.algorithm.sbn_clients
-        clients = np.arange(len(train)) if share >= 1 else g.choice(len(train), max(1, int(np.ceil(share * len(train)))), replace=False)
-        idx = g.permutation(np.concatenate([train[c] for c in sorted(clients)]))
+        share, n = self.config.algorithm.sbn_clients, clients.num_clients
+        chosen = np.arange(n) if share >= 1 else g.choice(n, max(1, int(np.ceil(share * n))), replace=False)
+        x = np.concatenate([clients.train(int(c))[0] for c in sorted(chosen)])
+        x = x[g.permutation(len(x))]
         b = self.config.federation.batch_size
-        return [idx[i : i + b] for i in range(0, len(idx), b) if len(idx[i : i + b]) > 1]
+        return [x[i : i + b] for i in range(0, len(x), b) if len(x[i : i + b]) > 1]
 
     def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """Global (unmasked) accuracy of the global model, `test_accuracy@<level>` of every level's
@@ -176,7 +183,7 @@ class HeteroFLPolicy(ServerPolicy):
         test split (shards) or on the test samples of their classes."""
         calibrate = None
         if getattr(self.config.model, "norm", None) == "sbn":
-            calibrate = self.calibration_batches(round, evaluator.train_split)
+            calibrate = self.calibration_batches(round, evaluator.clients)
         y = evaluator.y
         out: dict[str, float] = {}
         for k, (level, variant) in enumerate(zip(self.levels, self.variants)):
@@ -231,6 +238,8 @@ def _classifier_keys(shapes: dict[str, tuple[int, ...]]) -> list[str]:
 
 class HeteroFLClient(FedAvgClient):
     """Local SGD on the sub-model with the masked cross-entropy of Sec. 3.2."""
+
+    vectorizable = False  # clients of a round train sub-models of different widths
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
         state = super().init(task, model)

@@ -12,6 +12,7 @@ per-client update dropout and adaptive local epochs are not implemented.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -19,7 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from .. import rng
-from .base import ClientResult, ServerState
+from .base import ClientResult, ClientTask, LocalState, ServerState
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .registry import Algorithm, register
 from ..devices.cost import client_time, nbytes
@@ -58,14 +59,27 @@ class PyramidFLPolicy(FedAvgPolicy):
         fastest = sorted(chosen, key=lambda c: (self.predicted_time(c, round, size), c))[:k]
         return sorted(fastest)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
-        """FedAvg, then each participant's reward: the norm of its update x_k - x_t."""
-        new = super().aggregate(state, round, results)
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+        """FedAvg, then each participant's reward: the norm of its update x_k - x_t (which the
+        client reports, `update_norm`)."""
+        new = super().aggregate(state, round, results, total)
         clients = dict(state.clients)
         for r in results:
-            norm = math.sqrt(sum(float(np.sum((np.asarray(r.weights[k], np.float64) - state.weights[k]) ** 2)) for k in self.context.param_names))
-            clients[r.client_id] = {"reward": np.array(norm)}
+            clients[r.client_id] = {"reward": np.array(r.metrics["update_norm"])}
         return new.replace(clients=clients)
 
 
-PYRAMIDFL = register(Algorithm("pyramidfl", "PyramidFL-style selection (MergeSFL baseline): oversample by reward, keep the fastest", PyramidFLConfig, PyramidFLPolicy, FedAvgClient))
+class PyramidFLClient(FedAvgClient):
+    """FedAvg's local training; the result also reports ||x_k - x_t|| over the parameters
+    (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads."""
+
+    vectorizable = False  # its report needs each client's `final`
+
+    def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
+        result = super().final(task, state, num_examples, num_samples, loss)
+        params = [k for k, _ in state.model.named_parameters()]
+        norm = math.sqrt(sum(float(np.sum((np.asarray(result.weights[k], np.float64) - task.weights[k]) ** 2)) for k in params))
+        return dataclasses.replace(result, metrics={**result.metrics, "update_norm": norm})
+
+
+PYRAMIDFL = register(Algorithm("pyramidfl", "PyramidFL-style selection (MergeSFL baseline): oversample by reward, keep the fastest", PyramidFLConfig, PyramidFLPolicy, PyramidFLClient))

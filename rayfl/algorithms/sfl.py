@@ -38,7 +38,7 @@ class SFLPolicy(SplitPolicy):
         bottom = self.bottom(state.weights)
         return [self.task(c, round, bottom, kind=SplitTask, local_epochs=1, tau=self.config.algorithm.tau) for c in clients]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult]) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
         """Bottom models averaged by samples processed (Eq. 17 with d_i); the top model is the
         server's, already folded into `state` by the round's `TopServer.finish`."""
         if not results:

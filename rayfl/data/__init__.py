@@ -1,6 +1,7 @@
-"""Datasets and partitioners (Ray-free)."""
+"""Data sources, partitioners and the logical clients they make (Ray-free)."""
 
-from .partition import Partition, partition
+from .clients import Clients, Partitioned, Sampled, SyntheticClients
+from .partition import load_clients, partition
 from .sources import Dataset, load_dataset, sources
 
-__all__ = ["Dataset", "Partition", "load_dataset", "partition", "sources"]
+__all__ = ["Clients", "Dataset", "Partitioned", "Sampled", "SyntheticClients", "load_clients", "load_dataset", "partition", "sources"]

@@ -1,13 +1,12 @@
-"""Partitioners: split a dataset's training indices over `num_clients` logical clients.
+"""Partitioners: deal a pooled dataset's training samples to `num_clients` logical clients.
 
-Each partitioner is a pure function of the labels, the partition config and a seeded
-generator, and assigns every training sample to exactly one client (shards may leave
-out the duplicate shards HeteroFL never assigns; see `shards`).
+Each exact partitioner is a pure function of the labels, the partition config and a seeded
+generator, and assigns every training sample to exactly one client (shards may leave out the
+duplicate shards HeteroFL never assigns; see `shards`). `sampled` draws each client's samples
+only when asked (`clients.Sampled`).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,32 +18,13 @@ from ..config import (
     IidPartition,
     NaturalPartition,
     NonIidLevelPartition,
+    SampledPartition,
     ShardsPartition,
 )
-from .sources import Dataset
+from .clients import Clients, Partitioned, Sampled
+from .sources import Dataset, load_dataset
 
 _MAX_DRAWS = 1000
-
-
-@dataclass(frozen=True, eq=False)
-class Partition:
-    """Train indices per client, and per-client test indices where the split defines them."""
-
-    train: tuple[np.ndarray, ...]
-    num_classes: int
-    labels: np.ndarray
-    test: tuple[np.ndarray, ...] | None = None
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.train)
-
-    def sizes(self) -> np.ndarray:
-        return np.array([len(t) for t in self.train])
-
-    def label_histogram(self) -> np.ndarray:
-        """(num_clients, num_classes) sample counts: what a server policy knows of each client."""
-        return np.stack([np.bincount(self.labels[idx], minlength=self.num_classes) for idx in self.train])
 
 
 def iid(labels: np.ndarray, num_clients: int, g: np.random.Generator) -> list[np.ndarray]:
@@ -149,12 +129,15 @@ def shards(
     return deal(labels), deal(test_labels)
 
 
-def partition(dataset: Dataset, config: DataConfig, seed: int) -> Partition:
-    """Split `dataset`'s training set as `config.partition` says, seeded by (seed, "partition")."""
+def partition(dataset: Dataset, config: DataConfig, seed: int) -> Clients:
+    """Deal a pooled dataset's training samples to `num_clients` clients as `config.partition`
+    says, seeded by (seed, "partition"): an exact split, or lazily drawn samples (`sampled`)."""
     spec, n = config.partition, config.num_clients
     g = rng.generator(seed, "partition")
     y, c = dataset.y_train, dataset.num_classes
     test = None
+    if isinstance(spec, SampledPartition):
+        return Sampled(dataset, spec, n, seed)
     if isinstance(spec, IidPartition) or (isinstance(spec, NonIidLevelPartition) and spec.p == 0):
         train = iid(y, n, g)
     elif isinstance(spec, NonIidLevelPartition):
@@ -165,12 +148,18 @@ def partition(dataset: Dataset, config: DataConfig, seed: int) -> Partition:
         train = dirichlet_unbalanced(y, n, spec.alpha, spec.min_size, g, c)
     elif isinstance(spec, ShardsPartition):
         train, test = shards(y, dataset.y_test, n, spec.classes_per_client, g, c)
-    elif isinstance(spec, NaturalPartition):
-        if dataset.natural_clients is None:
-            raise ConfigError(f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet or shards")
-        train = list(dataset.natural_clients)
-    else:  # pragma: no cover - the config union is closed
-        raise ConfigError(f"data.partition.kind: unsupported {spec!r}")
-    if len(train) != n:
-        raise ConfigError(f"data.num_clients: {n} clients but the partition made {len(train)}")
-    return Partition(tuple(train), c, y, None if test is None else tuple(test))
+    else:  # natural: only a generated federation has its own clients
+        raise ConfigError(f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level or sampled")
+    return Partitioned(dataset, train, test)
+
+
+def load_clients(config: DataConfig, seed: int) -> Clients:
+    """The configured data as logical clients: a generated federation's own (`natural`), or a
+    pooled dataset partitioned. Unknown names, missing files and impossible partitions raise
+    `ConfigError`."""
+    data = load_dataset(config, seed)
+    if isinstance(data, Clients):
+        if not isinstance(config.partition, NaturalPartition):
+            raise ConfigError(f"data.partition.kind: {config.name} generates each client's own data; use natural")
+        return data
+    return partition(data, config, seed)

@@ -1,24 +1,25 @@
-"""Datasets as numpy arrays: embedded (`digits`), generated (`mnist1d`, `synthetic`), torchvision.
+"""Data sources by name: embedded (`digits`), generated (`mnist1d`; `synthetic` in `clients`), torchvision.
 
-Every loader returns a `Dataset` with float32 inputs shaped (N, *input_shape), int64 labels
-and a held-out central test set. torchvision is imported only by the loaders that need it.
+A pooled source's loader returns a `Dataset` with float32 inputs shaped (N, *input_shape),
+int64 labels and a held-out central test set, which a partition then deals to clients; a
+generated federation's loader returns its `Clients` directly. torchvision is imported only by
+the loaders that need it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .. import rng
 from ..config import ConfigError, DataConfig
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Train and test arrays plus, for generated federations, each client's own train indices."""
+    """A pooled dataset: train and test arrays."""
 
     name: str
     x_train: np.ndarray
@@ -26,7 +27,6 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
-    natural_clients: tuple[np.ndarray, ...] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -37,17 +37,20 @@ class Dataset:
 class Source:
     name: str
     summary: str
-    load: Callable[[DataConfig, int], Dataset]
+    load: Callable[[DataConfig, int], Any]
+    """`load(config, seed)`: a pooled `Dataset`, or a generated federation's `Clients`."""
+    partition: str = "dirichlet"
+    """The partition kind a config that names none takes (`natural` for a generated federation)."""
 
 
 _SOURCES: dict[str, Source] = {}
 
 
-def source(name: str, summary: str) -> Callable[[Callable[[DataConfig, int], Dataset]], Callable]:
-    """Decorator: register `load(config, seed) -> Dataset` under `name`."""
+def source(name: str, summary: str, partition: str = "dirichlet") -> Callable[[Callable[[DataConfig, int], Any]], Callable]:
+    """Decorator: register `load(config, seed)` under `name`."""
 
-    def wrap(load: Callable[[DataConfig, int], Dataset]) -> Callable[[DataConfig, int], Dataset]:
-        _SOURCES[name] = Source(name, summary, load)
+    def wrap(load: Callable[[DataConfig, int], Any]) -> Callable[[DataConfig, int], Any]:
+        _SOURCES[name] = Source(name, summary, load, partition)
         return load
 
     return wrap
@@ -57,8 +60,9 @@ def sources() -> dict[str, Source]:
     return dict(_SOURCES)
 
 
-def load_dataset(config: DataConfig, seed: int) -> Dataset:
-    """Load the configured dataset; unknown names and missing files raise `ConfigError`."""
+def load_dataset(config: DataConfig, seed: int) -> Any:
+    """Load the configured source (a `Dataset`, or a generated federation's `Clients`); unknown
+    names and missing files raise `ConfigError`."""
     if config.name not in _SOURCES:
         raise ConfigError(f"data.name: unknown dataset {config.name!r} (known: {', '.join(sorted(_SOURCES))})")
     return _SOURCES[config.name].load(config, seed)
@@ -98,43 +102,6 @@ def load_mnist1d(config: DataConfig, seed: int) -> Dataset:
     x_tr = data["x"].astype(np.float32)[:, None, :]
     x_te = data["x_test"].astype(np.float32)[:, None, :]
     return Dataset("mnist1d", x_tr, data["y"].astype(np.int64), x_te, data["y_test"].astype(np.int64), 10)
-
-
-@source("synthetic", "FedProx's Synthetic(alpha, beta): one logistic model per client, 60-d inputs")
-def load_synthetic(config: DataConfig, seed: int) -> Dataset:
-    """Synthetic(alpha, beta) of Li et al., "Federated Optimization in Heterogeneous Networks", Sec. 5.1.
-
-    Client k: u_k ~ N(0, alpha), B_k ~ N(0, beta), v_k ~ N(B_k, 1)^d; x ~ N(v_k, Sigma) with
-    Sigma_jj = j^-1.2; W_k ~ N(u_k, 1)^(c x d), b_k ~ N(u_k, 1)^c; y = argmax softmax(W_k x + b_k).
-    Client sizes follow FedProx's code, lognormal(4, 2) + 50, capped at 20x `mean_samples` here.
-    20% of each client's samples form the central test set; the rest are its natural partition.
-    """
-    cfg = config.synthetic
-    g = rng.generator(seed, "synthetic")
-    n_clients, d, c = config.num_clients, cfg.dim, cfg.num_classes
-    sizes = np.minimum(g.lognormal(4, 2, n_clients).astype(int) + 50, 20 * cfg.mean_samples)
-    sigma = np.arange(1, d + 1, dtype=np.float64) ** -1.2
-    xs, ys, owners = [], [], []
-    for k in range(n_clients):
-        u_k = g.normal(0, np.sqrt(cfg.alpha))
-        b_k = g.normal(0, np.sqrt(cfg.beta))
-        v_k = g.normal(b_k, 1, d)
-        w = g.normal(u_k, 1, (c, d))
-        b = g.normal(u_k, 1, c)
-        x = v_k + g.normal(0, 1, (sizes[k], d)) * np.sqrt(sigma)
-        xs.append(x)
-        ys.append(np.argmax(x @ w.T + b, axis=1))
-        owners.append(np.full(sizes[k], k))
-    x_all = np.concatenate(xs).astype(np.float32)
-    y_all = np.concatenate(ys).astype(np.int64)
-    owner = np.concatenate(owners)
-    is_test = np.zeros(len(y_all), bool)
-    for k in range(n_clients):
-        idx = np.flatnonzero(owner == k)
-        is_test[g.choice(idx, size=len(idx) // 5, replace=False)] = True
-    train_owner = owner[~is_test]
-    clients = tuple(np.flatnonzero(train_owner == k) for k in range(n_clients))
-    return Dataset("synthetic", x_all[~is_test], y_all[~is_test], x_all[is_test], y_all[is_test], c, clients)
 
 
 _TORCHVISION = {

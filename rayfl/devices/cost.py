@@ -14,7 +14,6 @@ from typing import Hashable, Mapping, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .profile import DeviceState
 
@@ -46,6 +45,8 @@ class ModelCost:
 
 def count_flops(model: nn.Module, input_shape: tuple[int, ...], train: bool) -> float:
     """FLOPs per sample of a forward (and, with `train`, backward) pass, counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode  # imported here: client actors rarely count
+
     x = _probe(input_shape)
     model.train(train)
     with FlopCounterMode(display=False) as counter:

@@ -101,8 +101,10 @@ class Population:
 
     Classes are dealt in exact proportions (largest remainder), then shuffled over clients
     by (seed, "devices"). A client's mode is keyed by (seed, round // mode_period, client,
-    "mode"); its bandwidth and availability by (seed, round, client, purpose), and, with
-    `bandwidth_jitter`, its bandwidth level by (seed, client, "bandwidth-level").
+    "mode"); its bandwidth by (seed, round, client, "bandwidth"), and, with `bandwidth_jitter`,
+    its bandwidth level by (seed, client, "bandwidth-level"). Who is online in a round is one
+    vectorized draw for the whole population keyed by (seed, round, "availability"), so a
+    round costs a few arrays of N entries, never a loop over the clients.
     """
 
     def __init__(self, profile: DeviceProfile, num_clients: int, seed: int):
@@ -112,18 +114,34 @@ class Population:
         share = share / share.sum() * num_clients
         counts = np.floor(share).astype(int)
         counts[np.argsort(-(share - counts), kind="stable")[: num_clients - counts.sum()]] += 1
-        classes = np.repeat(np.arange(len(profile.classes)), counts)
+        classes = np.repeat(np.arange(len(profile.classes), dtype=np.int32), counts)
         self.class_of = rng.generator(seed, "devices").permutation(classes)
+        self._online: tuple[int, np.ndarray] | None = None
 
     def device_class(self, client: int) -> DeviceClass:
         return self.profile.classes[self.class_of[client]]
+
+    def memory_bytes(self) -> np.ndarray:
+        """(num_clients,) each client's memory budget in bytes."""
+        return np.array([c.memory_mb * 2**20 for c in self.profile.classes])[self.class_of]
+
+    def online(self, round: int) -> np.ndarray:
+        """(num_clients,) who is online in the round (computed once per round)."""
+        if self._online is None or self._online[0] != round:
+            chance = np.array([c.availability for c in self.profile.classes])[self.class_of]
+            if (chance >= 1).all():
+                mask = np.ones(len(self.class_of), bool)
+            else:
+                mask = rng.generator(self.seed, "availability", round).random(len(self.class_of)) < chance
+            self._online = (round, mask)
+        return self._online[1]
 
     def state(self, client: int, round: int) -> DeviceState:
         cls = self.device_class(client)
         epoch = round // self.profile.mode_period if self.profile.mode_period else 0
         mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
         mbps = self._bandwidth_mbps(cls, client, round)
-        online = cls.availability >= 1 or rng.generator(self.seed, "availability", round, client).random() < cls.availability
+        online = cls.availability >= 1 or self.online(round)[client]
         return DeviceState(
             device=cls.name,
             flops=float(cls.flops[mode]),
@@ -141,7 +159,6 @@ class Population:
         level = rng.generator(self.seed, "bandwidth-level", client=client).uniform(low, high)
         return float(np.clip(level * np.exp(cls.bandwidth_jitter * draw.standard_normal()), low, high))
 
-    def available(self, round: int) -> list[int]:
-        if all(c.availability >= 1 for c in self.profile.classes):
-            return list(range(len(self.class_of)))
-        return [k for k in range(len(self.class_of)) if self.state(k, round).available]
+    def available(self, round: int) -> np.ndarray:
+        """The clients online in the round, in id order."""
+        return np.flatnonzero(self.online(round))

@@ -13,7 +13,7 @@ from rayfl.optim import OptimizerSpec
 
 def context(param_names=("w",)):
     return FederationContext(
-        0, 4, 2, (2,), np.array([10, 30, 5, 5]), np.zeros((4, 2)), frozenset(param_names), np.full(4, 2**30), None, cost_of=None
+        0, 4, 2, (2,), np.array([10, 30, 5, 5]), lambda: np.zeros((4, 2)), frozenset(param_names), np.full(4, 2**30), None, cost_of=None
     )
 
 

@@ -19,6 +19,7 @@ from rayfl.algorithms.heterofl import (
     parse_levels,
 )
 from rayfl.config import ConfigError
+from rayfl.data import Dataset, Partitioned
 from rayfl.loader import parse_config
 from rayfl.devices import CostCache
 from rayfl.models import build_model
@@ -89,7 +90,7 @@ def context(input_shape, num_clients=10, memory=None, hist=None):
         num_classes=10,
         input_shape=input_shape,
         num_examples=np.full(num_clients, 10),
-        label_histogram=np.ones((num_clients, 10)) if hist is None else hist,
+        label_histogram=lambda: np.ones((num_clients, 10)) if hist is None else hist,
         param_names=frozenset(),
         memory_bytes=np.full(num_clients, 2.0**40) if memory is None else memory,
         test_split=None,
@@ -175,9 +176,11 @@ def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
 def test_sbn_calibration_can_use_a_sample_of_clients():
     cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "sbn_clients": 0.25}, "model": {"name": "mlp"}, "federation": {"batch_size": 4}})
     policy = HeteroFLPolicy(cfg, context((64,), num_clients=8))
-    train = [np.arange(10 * c, 10 * c + 10) for c in range(8)]
+    # 8 clients of 10 samples each; a sample's input is its index, so batches show whose data they hold.
+    pool = Dataset("indices", np.arange(80, dtype=np.float32)[:, None], np.zeros(80, np.int64), np.zeros((1, 1), np.float32), np.zeros(1, np.int64), 10)
+    train = Partitioned(pool, [np.arange(10 * c, 10 * c + 10) for c in range(8)])
     batches = policy.calibration_batches(3, train)
-    used = np.concatenate(batches)
+    used = np.concatenate(batches).ravel()
     owners = set(used // 10)
     assert len(owners) == 2 and len(used) == 20  # a quarter of 8 clients, all their samples
     assert all(len(b) > 1 for b in batches)
@@ -214,7 +217,7 @@ def test_classifier_rows_by_label_split_is_its_own_switch(rows, expected):
     # mask: none (no masked loss) with label_split_rows on or off: the row restriction follows
     # label_split_rows alone. Clients a (classes 0, 2) and b (0, 1) send rows of 1 and 5.
     cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "mask": "none", "label_split_rows": rows}, "model": {"name": "mlp", "hidden": []}})
-    ctx = dataclasses.replace(context((2,), num_clients=2), num_classes=4, label_histogram=np.array([[5, 0, 5, 0], [5, 5, 0, 0]]))
+    ctx = dataclasses.replace(context((2,), num_clients=2), num_classes=4, label_histogram=lambda: np.array([[5, 0, 5, 0], [5, 5, 0, 0]]))
     policy = HeteroFLPolicy(cfg, ctx)
     state = policy.init_state({"1.weight": np.full((4, 2), 9.0, np.float32), "1.bias": np.full(4, 9.0, np.float32)})
     results = [ClientResult(c, 1, {"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)}, 10, 10, 0.0) for c, v in ((0, 1.0), (1, 5.0))]

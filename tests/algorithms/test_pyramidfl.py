@@ -4,7 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.algorithms.base import ClientResult
+import torch
+
+from rayfl.algorithms.base import LocalState
 from rayfl.loader import load_config
 from rayfl.engine import build_federation
 from rayfl.runner import run_local
@@ -42,11 +44,18 @@ def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
     state = policy.init_state(fed.initial_weights())
     first = policy.select(state, 1, list(range(20)))
     assert len(first) == 3  # nobody has a reward yet: candidates are drawn uniformly
-    w = state.weights
-    moved = {k: (v + 1.0 if k in policy.context.param_names else v) for k, v in w.items()}
-    new = policy.aggregate(state, 1, [ClientResult(first[0], 1, moved, 10, 10, 0.0)])
-    size = sum(np.asarray(w[k]).size for k in policy.context.param_names)
-    assert float(new.clients[first[0]]["reward"]) == pytest.approx(np.sqrt(size))  # ||x_k - x_t|| with +1 everywhere
+    # The client reports ||x_k - x_t|| over its parameters: +1 everywhere gives sqrt(#parameters).
+    task = policy.configure(state, 1, [first[0]])[0]
+    model = fed.models.build(task.model)
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in task.weights.items()})
+    with torch.no_grad():
+        for p in model.parameters():
+            p += 1.0
+    result = fed.procedure.final(task, LocalState(model, None), 10, 10, 0.0)
+    size = sum(np.asarray(task.weights[k]).size for k in policy.context.param_names)
+    assert result.metrics["update_norm"] == pytest.approx(np.sqrt(size))
+    new = policy.aggregate(state, 1, [result])
+    assert float(new.clients[first[0]]["reward"]) == result.metrics["update_norm"]
     assert np.isnan(float(new.clients[first[1]]["reward"]))
 
 

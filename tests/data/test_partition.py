@@ -26,7 +26,7 @@ def cfg(**partition_spec):
 )
 def test_every_sample_goes_to_exactly_one_client(digits, spec):
     p = partition(digits, cfg(**spec), seed=3)
-    assigned = np.concatenate(p.train)
+    assigned = np.concatenate(p.parts)
     assert len(assigned) == len(digits.y_train)
     assert np.array_equal(np.sort(assigned), np.arange(len(digits.y_train)))
     assert p.label_histogram().sum() == len(digits.y_train)
@@ -74,16 +74,16 @@ def test_min_size_is_respected_and_impossible_requests_fail(digits):
 def test_noniid_level_is_balanced_dirichlet_with_alpha_one_over_p(digits):
     a = partition(digits, cfg(kind="noniid_level", p=4), seed=7)
     b = partition(digits, cfg(kind="dirichlet", alpha=0.25, balanced=True, min_size=0), seed=7)
-    assert all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
+    assert all(np.array_equal(x, y) for x, y in zip(a.parts, b.parts))
 
 
 def test_shards_give_at_most_k_classes_and_a_matching_test_split(digits):
     p = partition(digits, cfg(kind="shards", classes_per_client=2), seed=0)
-    train_classes = [set(np.unique(digits.y_train[t])) for t in p.train]
-    test_classes = [set(np.unique(digits.y_test[t])) for t in p.test]
+    train_classes = [set(np.unique(digits.y_train[t])) for t in p.parts]
+    test_classes = [set(np.unique(digits.y_test[t])) for t in p.test_split]
     assert all(1 <= len(c) <= 2 for c in train_classes)
     assert train_classes == test_classes
-    for split in (p.train, p.test):
+    for split in (p.parts, p.test_split):
         used = np.concatenate(split)
         assert len(used) == len(np.unique(used))  # no sample twice
 
@@ -111,5 +111,5 @@ def test_shards_need_a_whole_number_of_shards_per_class(digits):
 def test_same_seed_same_partition_other_seed_other_partition(digits):
     c = cfg(kind="dirichlet", alpha=0.5)
     a, b, other = (partition(digits, c, s) for s in (4, 4, 5))
-    assert all(np.array_equal(x, y) for x, y in zip(a.train, b.train))
-    assert not all(np.array_equal(x, y) for x, y in zip(a.train, other.train))
+    assert all(np.array_equal(x, y) for x, y in zip(a.parts, b.parts))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.parts, other.parts))

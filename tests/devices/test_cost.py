@@ -82,7 +82,9 @@ def test_availability_is_seeded_per_round():
     profile = DeviceProfile.model_validate({**HAND, "classes": [{**HAND["classes"][0], "availability": 0.5}]})
     pop = Population(profile, 200, seed=0)
     online = pop.available(3)
-    assert 60 < len(online) < 140 and online == pop.available(3) and online != pop.available(4)
+    assert 60 < len(online) < 140 and online.tolist() == pop.available(3).tolist() and online.tolist() != pop.available(4).tolist()
+    # A client's own state says the same as the population's vectorized draw.
+    assert [c for c in range(200) if pop.state(c, 3).available] == online.tolist()
 
 
 def test_profile_errors_name_the_file_and_key(tmp_path):

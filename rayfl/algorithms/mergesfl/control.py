@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 
 _TINY = 1e-12
 
@@ -195,6 +194,8 @@ def finetune_batch_sizes(
     added time (`_repair`), so the constraint holds whenever integers in [1, D] can meet it.
     Batch sizes already within eps are returned unchanged.
     """
+    from scipy.optimize import minimize  # imported here: every process loads the algorithms, few run Eq. 14
+
     V, d0 = np.asarray(V, float), np.asarray(d, float)
     w = np.asarray(per_sample, float) / len(d0)
     everyone = np.ones(len(d0), bool)

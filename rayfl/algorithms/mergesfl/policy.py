@@ -66,7 +66,7 @@ class Ingress:
 class MergeSFLPolicy(SFLPolicy):
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
-        hist = context.label_histogram.astype(float)
+        hist = context.label_histogram().astype(float)
         self.V = hist / np.maximum(hist.sum(1, keepdims=True), 1)  # V_i: each worker's label distribution
         self.phi_0 = self.V.mean(0)  # Phi_0 = (1/N) sum_i V_i
         cfg = config.algorithm
@@ -162,7 +162,7 @@ class MergeSFLPolicy(SFLPolicy):
             return [lr * sum(t.batch_size for t in tasks) / fed.batch_size]
         return [lr * t.batch_size / fed.batch_size for t in tasks]
 
-    def aggregate(self, state, round, results):
+    def aggregate(self, state, round, results, total=None):
         """Eq. 17 (bottoms weighted by d_i, via samples processed; the top model is the server's);
         then participation counts K_i and the Eq. 5-6 estimates for the next round."""
         new = super().aggregate(state, round, results)

@@ -1,0 +1,114 @@
+"""Setup time, per-round time and peak memory against the number of logical clients.
+
+For each N it runs a fresh process: FedAvg on `synthetic` (each client generated from its own
+key, an MLP) and on `digits` with a lazily drawn Dirichlet(0.5) partition (`sampled`, 50
+samples a client), 10 clients a round, 4 rounds, in process. It prints the setup time (config
+to a built federation with its initial state), the mean time of rounds 2-4, and the process's
+peak RSS. With `--ray` it runs each point on Ray instead (2 client actors) and reports the peak
+RSS of the largest process of the whole tree (driver, coordinator, client actors, Ray's own).
+
+    python bench/scale.py [--clients 1e3 1e4 1e5 1e6 1e7] [--data synthetic digits] [--ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+
+DATA = {
+    "synthetic": ["data.name=synthetic", "model.name=mlp"],
+    "digits": ["data.partition={kind: sampled, mix: dirichlet, alpha: 0.5, size: 50}", "model.name=mlp"],
+}
+ROUNDS = 4
+
+
+def one(data: str, n: int, on_ray: bool) -> dict:
+    """One point, in this process (run by the parent in a fresh interpreter)."""
+    import resource
+    import tempfile
+
+    import psutil
+
+    from rayfl.loader import load_config
+
+    sets = [*DATA[data], f"data.num_clients={n}", f"federation.rounds={ROUNDS}", "federation.checkpoint_every=0", "ray.num_actors=2", "ray.dashboard=false"]
+    start = time.perf_counter()
+    config = load_config(None, sets)
+    times: list[float] = []
+
+    def progress(row):
+        times.append(time.perf_counter())
+
+    peak = {"rss": 0}
+    stop = threading.Event()
+
+    def watch():  # the largest process of this tree, sampled every 0.2 s
+        me = psutil.Process()
+        while not stop.is_set():
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    peak["rss"] = max(peak["rss"], p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with tempfile.TemporaryDirectory() as out:
+        if on_ray:
+            from rayfl import api
+
+            api.run(config, out, progress=progress)
+            setup = None
+        else:
+            from rayfl.runner import InProcessExecutor, prepare, run_federation, torch_threads
+
+            with torch_threads():
+                fed, begin = prepare(config, out)
+                setup = time.perf_counter() - start
+                run_federation(fed, InProcessExecutor(fed), out, begin, progress)
+    stop.set()
+    rounds = [b - a for a, b in zip(times, times[1:])]
+    return {
+        "data": data,
+        "clients": n,
+        "setup_s": setup,
+        "round_s": sum(rounds) / len(rounds),
+        "first_row_s": times[0] - start,
+        "peak_rss_mb": max(peak["rss"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**20,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", nargs="+", type=float, default=[1e3, 1e4, 1e5, 1e6, 1e7])
+    parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA, reverse=True))
+    parser.add_argument("--ray", action="store_true", help="run on Ray (2 client actors) instead of in process")
+    parser.add_argument("--one", nargs=2, metavar=("DATA", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray)))
+        return
+    print(f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, {'on Ray (2 client actors)' if args.ray else 'in process'}; round = mean of rounds 2-{ROUNDS}")
+    print("| data | logical clients | setup s | per round s | first row s | peak RSS MB (largest process) |")
+    print("|---|---|---|---|---|---|")
+    for data in args.data:
+        base = None
+        for n in args.clients:
+            cmd = [sys.executable, __file__, "--one", data, str(int(n)), *(["--ray"] if args.ray else [])]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | | |")
+                break
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            base = base or r["round_s"]
+            setup = "-" if r["setup_s"] is None else f"{r['setup_s']:.1f}"
+            print(f"| {data} | {int(n):,} | {setup} | {r['round_s']:.3f} ({r['round_s'] / base:.2f}x) | {r['first_row_s']:.1f} | {r['peak_rss_mb']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

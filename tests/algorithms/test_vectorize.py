@@ -1,0 +1,72 @@
+"""Vectorized clients: K clients trained in one batched computation equal training them one by one."""
+
+import numpy as np
+import pytest
+
+from rayfl.config import ConfigError
+from rayfl.engine import build_federation, run_round
+from rayfl.loader import load_config
+from rayfl.runner import InProcessExecutor, torch_threads
+
+# Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run
+# out of batches at different steps, so sitting steps out and per-client clipping both matter.
+BASE = [
+    "model.name=mlp", "data.num_clients=30", "federation.clients_per_round=10", "federation.local_epochs=2",
+    "federation.momentum=0.9", "federation.weight_decay=0.001", "federation.grad_clip=0.5", "federation.lr=0.05",
+]
+
+
+def one_round(sets):
+    cfg = load_config(None, sets)
+    with torch_threads():
+        fed = build_federation(cfg)
+        state = fed.policy.init_state(fed.initial_weights())
+        return run_round(fed, state, 1, InProcessExecutor(fed), 0.0)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["algorithm.name=fedprox", "algorithm.mu=0.1"], ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"]],
+    ids=["fedavg-sgd", "fedprox", "adam"],
+)
+def test_vectorized_clients_equal_sequential_ones(extra):
+    seq = one_round([*BASE, *extra])
+    vec = one_round([*BASE, *extra, "ray.vectorize=5"])
+    sizes = [r["num_samples"] for r in seq.clients]
+    assert len(set(sizes)) > 3  # clients of unequal sizes
+    assert [r["num_samples"] for r in vec.clients] == sizes
+    assert [r["status"] for r in vec.clients] == ["ok"] * 10
+    np.testing.assert_allclose([r["train_loss"] for r in vec.clients], [r["train_loss"] for r in seq.clients], rtol=1e-4)
+    for k, w in seq.state.weights.items():
+        np.testing.assert_allclose(vec.state.weights[k], w, rtol=1e-4, atol=1e-5)
+        assert not np.array_equal(w, build_federation(load_config(None, BASE)).initial_weights()[k])  # it trained
+
+
+def test_a_diverging_client_fails_alike():
+    seq, vec = (one_round([*BASE, "federation.lr=1e6", *extra]) for extra in ([], ["ray.vectorize=10"]))
+    assert [(r["status"], r["reason"], r["num_samples"]) for r in vec.clients] == [(r["status"], r["reason"], r["num_samples"]) for r in seq.clients]
+    assert {r["status"] for r in vec.clients} == {"failed"}
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["algorithm.name=heterofl"], "ray.vectorize: heterofl trains its clients one at a time"),
+        (["model.name=cnn"], "ray.vectorize: model cnn has batch norm"),
+        (["model.name=cnn", "model.norm=sbn"], "ray.vectorize: model cnn has batch norm"),
+        (["model.name=alexnet"], "ray.vectorize: model alexnet has dropout"),
+        (["algorithm.name=sfl"], "ray.vectorize: sfl trains its clients one at a time"),
+    ],
+)
+def test_what_cannot_be_vectorized_is_refused_before_a_run(sets, message):
+    with pytest.raises(ConfigError) as err:
+        build_federation(load_config(None, [*sets, "ray.vectorize=4"]))
+    assert str(err.value).startswith(message)
+
+
+def test_a_cnn_with_group_norm_vectorizes():
+    # Group norm normalizes each sample: the zero-weight padding of short batches cannot leak in.
+    sets = ["model.name=cnn", "model.norm=gn", "model.rate=0.0625", "federation.clients_per_round=4"]
+    seq, vec = one_round(sets), one_round([*sets, "ray.vectorize=4"])
+    for k, w in seq.state.weights.items():
+        np.testing.assert_allclose(vec.state.weights[k], w, rtol=1e-4, atol=1e-5)
