@@ -60,6 +60,16 @@ class ClientActor:
             self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy
         return self.runner
 
+    def warm(self, federation_box: list) -> dict[str, Any]:
+        """Ready for the first round: the federation read and a throwaway copy of the global
+        model taken once through a forward, backward and optimizer step (torch's lazy first-call
+        set-up, its optimizers' import of torch._dynamo included). Returns `info()`."""
+        runner = self.hosting(federation_box)
+        model = runner.context.build(self.policy.global_model()).train()
+        model(torch.zeros(2, *runner.clients.input_shape, device=self.device)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.0).step()
+        return self.info()
+
     def run_group(self, federation_box: list, tasks: list[ClientTask], weight_refs: list) -> Any:
         """Train a group of tasks (the core's `run_group`); the round's weights arrive as object
         references, one per task (the same few shared by all), read zero-copy."""
@@ -78,8 +88,9 @@ class ClientActor:
     def open_session(self, federation_box: list, task: ClientTask, weights: Weights) -> None:
         self.sessions[task.client_id] = self.hosting(federation_box).open_session(dataclasses.replace(task, weights=weights))
 
-    def session_call(self, client_id: int, method: str, args: tuple) -> Any:
-        return invoke(self.sessions[client_id], method, args)
+    def session_calls(self, method: str, calls: list[tuple[int, tuple]]) -> list[Any]:
+        """`method` on this actor's sessions, in the order given: (client id, arguments) each."""
+        return [invoke(self.sessions[client], method, args) for client, args in calls]
 
     def close_session(self, client_id: int) -> ClientResult:
         return self.sessions.pop(client_id).close()

@@ -59,6 +59,17 @@ class Coordinator:
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
+    def warm(self) -> None:
+        """While the client actors warm up: the libraries the round loop writes tables with, the
+        global model's measured cost and an evaluation of it (first-call set-up)."""
+        import pyarrow.parquet  # noqa: F401  (what `Recorder` writes with)
+
+        from rayfl import metrics  # noqa: F401
+
+        with torch_threads():
+            self.fed.cost_of(self.fed.policy.global_model())
+            self.fed.evaluator(self.fed.initial_weights(), self.fed.policy.global_model())
+
     def run(self, start: Start) -> dict[str, Any]:
         with torch_threads():
             return run_federation(self.fed, RayExecutor(self.clients, self.federation_ref, self.fed.policy), self.run_dir, start, self._on_round)
@@ -75,10 +86,11 @@ class Coordinator:
         return rows
 
 
-def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.actor.ActorHandle, list[ray.actor.ActorHandle]]:
+def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.actor.ActorHandle, list[ray.actor.ActorHandle], ray.ObjectRef]:
     """Put the built federation in the object store once, start the client actors (as many as
     the free resources hold under `num_actors: auto`; `ConfigError` when the asked number can
-    never fit the cluster) and `rayfl:<run_id>:coordinator`, all at once."""
+    never fit the cluster) and `rayfl:<run_id>:coordinator`, all at once; returns them and the
+    federation's reference (for warming the actors)."""
     num_actors = pool_size(fed.config, ray.available_resources())
     check_fits(fed.config, num_actors, ray.cluster_resources(), ray._private.state.state.get_max_resources_from_cluster_config())
     fed_ref = ray.put(fed)
@@ -86,4 +98,4 @@ def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.ac
     coordinator = Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
         [fed_ref], run_dir, run_id, clients
     )
-    return coordinator, clients
+    return coordinator, clients, fed_ref

@@ -60,11 +60,14 @@ def check_fits(config: RunConfig, count: int, cluster: Mapping[str, float], most
             raise ConfigError(f"ray.num_actors: {count} client actors x {each:g} {key} need {need:g} {key}; the cluster has {have:g}{grows}")
 
 
-def wait_for_actors(actors: Sequence[ray.actor.ActorHandle], timeout_s: float, report: Callable[[str], None], every_s: float = 5.0) -> None:
-    """Block until every client actor is up, reporting what is still pending every `every_s`
-    seconds (actors that fit the cluster may wait for free resources or new nodes); `RuntimeError`
-    after `timeout_s` (`ray.actor_timeout_s`). An actor whose constructor failed raises here."""
-    refs = [a.info.remote() for a in actors]
+def wait_for_actors(
+    actors: Sequence[ray.actor.ActorHandle], timeout_s: float, report: Callable[[str], None], every_s: float = 5.0, federation_ref: ray.ObjectRef | None = None
+) -> None:
+    """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
+    reporting what is still pending every `every_s` seconds (actors that fit the cluster may wait
+    for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
+    actor whose constructor failed raises here."""
+    refs = [a.info.remote() if federation_ref is None else a.warm.remote([federation_ref]) for a in actors]
     started = time.monotonic()
     while True:
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=every_s)
@@ -129,22 +132,30 @@ class RayExecutor:
 
 
 class ActorRelay:
-    """A relay to sessions on client actors: calls go out to every session at once; the replies
-    of `post`ed calls are awaited only before the next call, so work overlaps across actors."""
+    """A relay to sessions on client actors: one call per actor carries all its sessions' calls,
+    and the actors run theirs at once; the replies of `post`ed calls are awaited only before the
+    next call, so work overlaps across actors."""
 
     def __init__(self, homes: Sequence[tuple[ray.actor.ActorHandle, int]]):
         self.homes = list(homes)
+        self.by_actor: dict[Any, list[int]] = {}  # actor -> its sessions' positions in task order
+        for position, (actor, _) in enumerate(self.homes):
+            self.by_actor.setdefault(actor, []).append(position)
         self.pending: list[ray.ObjectRef] = []
 
     def send(self, method: str, args: Sequence[tuple] | None) -> list[ray.ObjectRef]:
         per = per_session(args, len(self.homes), method)
-        return [actor.session_call.remote(client, method, a) for (actor, client), a in zip(self.homes, per)]
+        return [actor.session_calls.remote(method, [(self.homes[p][1], per[p]) for p in positions]) for actor, positions in self.by_actor.items()]
 
     def call(self, method: str, args: Sequence[tuple] | None = None) -> list[Any]:
         refs = self.send(method, args)
         ray.get(self.pending)  # surfaces a failed earlier call; the new calls already queue behind it
         self.pending = []
-        return ray.get(refs)
+        replies: list[Any] = [None] * len(self.homes)
+        for positions, answers in zip(self.by_actor.values(), ray.get(refs)):
+            for p, answer in zip(positions, answers):
+                replies[p] = answer
+        return replies
 
     def post(self, method: str, args: Sequence[tuple] | None = None) -> None:
         self.pending += self.send(method, args)

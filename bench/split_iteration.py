@@ -1,5 +1,5 @@
-"""One split-learning iteration with 10 workers: on Ray (workers pinned to client actors) against
-the same iterations in one process.
+"""One split-learning iteration with W workers (10 by default): on Ray (workers pinned to client
+actors) against the same iterations in one process.
 
 Both sides run the same exchange (`Executor.exchange`): every worker forwards a batch through its bottom
 model, the coordinator merges the features and steps the top model, every worker gets its
@@ -7,7 +7,7 @@ gradient and steps. Ray's side crosses process boundaries twice per worker per i
 (features up, gradients down); the in-process side calls the same functions directly. Prints the
 mean milliseconds per iteration of each, the overhead, and Ray's per-worker cost.
 
-    python bench/split_iteration.py [--iterations 50] [--actors 2] [--batch 16]
+    python bench/split_iteration.py [--workers 10] [--iterations 50] [--actors 2] [--batch 16]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=10)
     args = parser.parse_args()
 
     import ray
@@ -31,13 +32,13 @@ def main() -> None:
     from rayfl.engine import build_federation
     from rayfl.runner import InProcessExecutor, torch_threads
 
-    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", "federation.clients_per_round=10"]
+    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", f"data.num_clients={max(20, args.workers)}", f"federation.clients_per_round={args.workers}"]
     timings = {}
     with torch_threads():
         fed = build_federation(load_config(None, sets))
         state = fed.policy.init_state(fed.initial_weights())
 
-        tasks = fed.policy.configure(state, 1, list(range(10)))
+        tasks = fed.policy.configure(state, 1, list(range(args.workers)))
 
         def timed(executor) -> float:
             executor.exchange(tasks, fed.policy.open_driver(state, 1, tasks))  # warm-up (first autograd calls)
@@ -55,10 +56,10 @@ def main() -> None:
         finally:
             ray.shutdown()
     base, on_ray = timings.values()
-    print(f"10 workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations")
+    print(f"{args.workers} workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations")
     for label, ms in timings.items():
         print(f"{label:<22}{ms:8.1f} ms / iteration")
-    print(f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / 10:+.2f} ms per worker")
+    print(f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / args.workers:+.2f} ms per worker")
 
 
 if __name__ == "__main__":

@@ -47,17 +47,21 @@ def run(
     progress: Progress | None = None,
     resume: bool = False,
     run_id: str | None = None,
+    timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run one federation on Ray: a coordinator actor and client actors; returns the summary.
     With `resume`, continue RUN_DIR from its newest checkpoint. Actors are named after `run_id`
-    (default: RUN_DIR's name).
+    (default: RUN_DIR's name). `timings`, when given, receives the seconds of each phase:
+    `build`, `ray_start`, `actors` (started and warmed), `rounds`, `shutdown`.
 
     Everything that can be wrong with the input (dataset, partition, model, device profile) is
     checked before Ray starts: the federation is built here, once, and enters the object store
     once (dataset included), where the coordinator and the client actors read it.
     """
+    phase = Phases(timings)
     run_dir = Path(run_dir or new_run_dir(config))
     fed, start = prepare(config, run_dir, resume)  # the whole input checked; the federation built once
+    phase("build")
     run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
@@ -72,11 +76,15 @@ def run(
         # A local cluster gets at most this machine's CPUs: refuse before starting it.
         check_fits(config, config.ray.num_actors, {"CPU": os.cpu_count() or 1, "GPU": math.inf}, None)
     connected = connect(address, config.ray.dashboard)
+    phase("ray_start")
     actors: list = []
     try:
-        coordinator, clients = start_federation(fed, str(run_dir), run_id)
+        coordinator, clients, fed_ref = start_federation(fed, str(run_dir), run_id)
         actors = [coordinator, *clients]
-        wait_for_actors(clients, config.ray.actor_timeout_s, log.info)
+        coordinator_ready = coordinator.warm.remote()
+        wait_for_actors(clients, config.ray.actor_timeout_s, log.info, federation_ref=fed_ref)
+        ray.get(coordinator_ready)
+        phase("actors")
         done = coordinator.run.remote(start)
         finished = False
         while not finished:
@@ -84,7 +92,9 @@ def run(
             for row in ray.get(coordinator.progress.remote()):
                 if progress is not None:
                     progress(row)
-        return ray.get(done)
+        summary = ray.get(done)
+        phase("rounds")
+        return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
         raise RunFailed(f"{type(exc.cause).__name__}: {str(exc.cause).splitlines()[0]}; {resume_hint(run_dir)}") from exc
     except RayActorError as exc:
@@ -94,6 +104,20 @@ def run(
             ray.kill(actor)
         if connected:
             ray.shutdown()
+        phase("shutdown")
+
+
+class Phases:
+    """Seconds since the previous mark, recorded under each mark's name (when a dict is given)."""
+
+    def __init__(self, out: dict[str, float] | None):
+        self.out, self.last = out, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.out is not None:
+            self.out[name] = now - self.last
+        self.last = now
 
 
 class RunFailed(RuntimeError):

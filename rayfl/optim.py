@@ -59,9 +59,9 @@ def lr_schedule(fed: FederationConfig) -> list[float]:
     """The learning rate of rounds 1..R (index r - 1): `federation.lr` under `lr_schedule`, from
     torch's schedulers stepped once per round (round 1 takes `lr`)."""
     spec, rounds = fed.lr_schedule, fed.rounds
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=fed.lr)
     if isinstance(spec, ConstantSchedule):
         return [fed.lr] * rounds
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=fed.lr)
     if isinstance(spec, ExponentialSchedule):
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, spec.gamma)
     elif isinstance(spec, MultiStepSchedule):

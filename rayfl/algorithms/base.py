@@ -166,10 +166,11 @@ class ServerPolicy:
         return kind(client_id=client, round=round, weights=weights, **{**defaults, **fields})
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Uniform sampling without replacement, a pure function of (seed, round, available)."""
+        """Uniform sampling without replacement, a pure function of (seed, round, available). It
+        draws positions in `available` (a range when everyone is online), never copying it."""
         g = rng.generator(self.context.seed, "select", round)
         k = min(self.config.federation.clients_per_round, len(available))
-        return sorted(int(c) for c in g.choice(np.asarray(available), size=k, replace=False))
+        return sorted(int(available[i]) for i in g.choice(len(available), size=k, replace=False))
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         return [self.task(c, round, state.weights) for c in clients]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
@@ -116,6 +117,7 @@ class Population:
         counts[np.argsort(-(share - counts), kind="stable")[: num_clients - counts.sum()]] += 1
         classes = np.repeat(np.arange(len(profile.classes), dtype=np.int32), counts)
         self.class_of = rng.generator(seed, "devices").permutation(classes)
+        self.always_online = all(c.availability >= 1 for c in profile.classes)
         self._online: tuple[int, np.ndarray] | None = None
 
     def device_class(self, client: int) -> DeviceClass:
@@ -128,12 +130,8 @@ class Population:
     def online(self, round: int) -> np.ndarray:
         """(num_clients,) who is online in the round (computed once per round)."""
         if self._online is None or self._online[0] != round:
-            chance = np.array([c.availability for c in self.profile.classes])[self.class_of]
-            if (chance >= 1).all():
-                mask = np.ones(len(self.class_of), bool)
-            else:
-                mask = rng.generator(self.seed, "availability", round).random(len(self.class_of)) < chance
-            self._online = (round, mask)
+            chance = np.array([c.availability for c in self.profile.classes], np.float32)[self.class_of]
+            self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.class_of), np.float32) < chance)
         return self._online[1]
 
     def state(self, client: int, round: int) -> DeviceState:
@@ -141,7 +139,7 @@ class Population:
         epoch = round // self.profile.mode_period if self.profile.mode_period else 0
         mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
         mbps = self._bandwidth_mbps(cls, client, round)
-        online = cls.availability >= 1 or self.online(round)[client]
+        online = self.always_online or bool(self.online(round)[client])
         return DeviceState(
             device=cls.name,
             flops=float(cls.flops[mode]),
@@ -159,6 +157,8 @@ class Population:
         level = rng.generator(self.seed, "bandwidth-level", client=client).uniform(low, high)
         return float(np.clip(level * np.exp(cls.bandwidth_jitter * draw.standard_normal()), low, high))
 
-    def available(self, round: int) -> np.ndarray:
-        """The clients online in the round, in id order."""
+    def available(self, round: int) -> Sequence[int]:
+        """The clients online in the round, in id order (a range when every device always is)."""
+        if self.always_online:
+            return range(len(self.class_of))
         return np.flatnonzero(self.online(round))
