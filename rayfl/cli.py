@@ -162,8 +162,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """Whole option names only (an abbreviation such as ``--config`` must not silently mean the hidden
+    ``--config-yaml``), and a usage error is one line, exit 2, like every other bad input."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"rayfl: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
+    parser = Parser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -24,6 +24,8 @@ def rayfl(*args, cwd=None):
         (["run", "missing.yaml"], "missing.yaml: no such file"),
         (["run", "--set", "devices.profile=nowhere.yaml"], "devices.profile: 'nowhere.yaml' is neither"),
         (["plot", "not-a-run"], "not-a-run: no metrics.parquet"),
+        # an abbreviation must not reach the hidden --config-yaml (it once ended in an AttributeError)
+        (["run", "--config", "cfg.yaml"], "unrecognized arguments: --config"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
