@@ -47,16 +47,18 @@ COUNT = "#count"
 def add_up(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
     """The elementwise sum of name-keyed arrays, in float64, in the order given (the engine
     passes client-id order within a group and group order across them, so every runner adds the
-    same numbers the same way); None for no parts."""
+    same numbers the same way); None for no parts. A key missing from a part adds nothing (a
+    policy may key summands by group, InclusiveFL); a shape mismatch raises."""
     total: dict[str, np.ndarray] | None = None
     for part in parts:
-        if total is None:
-            total = {k: np.array(v, np.float64) for k, v in part.items()}
-            continue
-        if part.keys() != total.keys():
-            raise AggregationError(f"summands differ in keys ({sorted(set(part) ^ set(total))[:3]})")
+        total = {} if total is None else total
         for k, v in part.items():
-            total[k] += v
+            if k not in total:
+                total[k] = np.array(v, np.float64)
+            elif np.shape(v) != total[k].shape:
+                raise AggregationError(f"{k}: shape {np.shape(v)} != {total[k].shape} in the summands")
+            else:
+                total[k] += v
     return total
 
 

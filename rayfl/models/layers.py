@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -104,3 +104,25 @@ def split(model: nn.Sequential, k: int) -> tuple[nn.Sequential, nn.Sequential]:
     """(bottom, top) of a model cut after its k-th weight layer (modules are shared)."""
     i = split_index(model, k)
     return model[:i], model[i:]
+
+
+class DepthConfig(ModelConfig):
+    """A family built as a stem, `depth` repeated layers of one shape, and a head, so a model of
+    depth L is the first L layers of a deeper one (InclusiveFL, FeDepth). State-dict names say
+    which part a tensor is: `<layer_prefix><i>.<name>` for layer i, `head.` for the head, the rest
+    the stem; a layer's tensors match another layer's by `<name>`."""
+
+    depth: int = Field(6, ge=1, description="number of repeated layers")
+    layer_prefix: ClassVar[str] = "layers."
+
+
+def layer_of(key: str, prefix: str) -> tuple[int, str] | None:
+    """(layer index, name relative to the layer) of a state-dict key, or None outside the layers."""
+    if not key.startswith(prefix):
+        return None
+    index, _, rest = key[len(prefix) :].partition(".")
+    return (int(index), rest) if index.isdigit() else None
+
+
+def is_head(key: str) -> bool:
+    return key.startswith("head.")

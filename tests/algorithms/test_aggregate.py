@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rayfl.algorithms.aggregate import AggregationError, difference, invalid_reason, merge, weighted_mean
+from rayfl.algorithms.aggregate import AggregationError, add_up, difference, invalid_reason, merge, weighted_mean
 
 
 def test_weighted_mean_by_sample_count():
@@ -42,3 +42,14 @@ def test_difference_and_merge():
     assert difference(new, old, ["a"]) == {"a": np.array([2.0])}
     merged = merge({"a": np.array([0.0], np.float32), "b": np.array([5.0], np.float32)}, {"a": np.array([7.0])})
     assert merged["a"].dtype == np.float32 and merged["a"].tolist() == [7.0] and merged["b"].tolist() == [5.0]
+
+
+def test_add_up_is_a_union_of_keys_and_names_a_shape_clash():
+    # InclusiveFL keys its summands by group: a part without a key adds nothing to it
+    total = add_up([{"0/w": np.array([1.0, 2.0])}, {"1/w": np.array([5.0])}, {"0/w": np.array([0.5, 0.25])}])
+    assert set(total) == {"0/w", "1/w"}
+    np.testing.assert_array_equal(total["0/w"], [1.5, 2.25])
+    np.testing.assert_array_equal(total["1/w"], [5.0])
+    assert add_up([]) is None
+    with pytest.raises(AggregationError, match=r"0/w: shape \(3,\) != \(2,\)"):
+        add_up([{"0/w": np.zeros(2)}, {"0/w": np.zeros(3)}])
