@@ -23,7 +23,7 @@ from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, Clien
 from .config import ModelConfig
 from .data import Clients
 from .models import ModelCache
-from .types import Weights
+from .types import ClientId, Weights
 
 if TYPE_CHECKING:
     from .algorithms.exchange import ClientSession
@@ -142,13 +142,18 @@ class ClientRunner:
 
     def run_all(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
         """The tasks of a group: one after another, or `vectorize` at a time in one batched call
-        (`ray.vectorize`; the procedure's `run_vectorized`)."""
+        (`ray.vectorize`; the procedure's `run_vectorized`) over tasks of one model variant (a
+        group may mix variants, InclusiveFL's depths), in the order given."""
         if self.vectorize <= 1:
             return [self.run(t) for t in tasks]
-        out: list[ClientResult | ClientFailure] = []
-        for i in range(0, len(tasks), self.vectorize):
-            out += self.run_vectorized(tasks[i : i + self.vectorize])
-        return out
+        variants: dict[ModelConfig, list[ClientTask]] = {}
+        for t in tasks:
+            variants.setdefault(t.model, []).append(t)
+        out: dict[ClientId, ClientResult | ClientFailure] = {}
+        for same in variants.values():
+            for i in range(0, len(same), self.vectorize):
+                out.update((o.client_id, o) for o in self.run_vectorized(same[i : i + self.vectorize]))
+        return [out[t.client_id] for t in tasks]
 
     def run_vectorized(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
         """Clients with samples trained together; the same outcome logic as `run`."""

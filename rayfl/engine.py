@@ -145,6 +145,7 @@ def build_federation(config: RunConfig) -> Federation:
         test_split=clients.test_split,
         cost_of=lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape),
         device_state=population.state,
+        device_classes=population.class_of,
     )
     algorithm = registry.get(config.algorithm.name)
     if config.ray.vectorize > 1:

@@ -118,6 +118,8 @@ class FederationContext:
     """Measured size, FLOPs and activations of a model variant (cached)."""
     device_state: Callable[[ClientId, Round], DeviceState] | None = None
     """What a client's device offers in a round (policies that measure devices read it)."""
+    device_classes: np.ndarray | None = None
+    """(num_clients,) each client's device class: its index in the profile's classes."""
 
 
 class ServerPolicy:

@@ -16,7 +16,13 @@ whole training set (`sbn_clients: 1.0`; a fraction samples that share of clients
 Levels: a=1, b=1/2, c=1/4, d=1/8, e=1/16; a mix `a1-b1-e1` gives proportions; the first letter
 is the global model. `fix` deals levels to clients in index blocks once; `dynamic` re-draws every
 client's level each round; `capability` gives each client the widest level of the mix whose
-training memory fits its device's budget (clients that fit none never take part).
+training memory fits its device's budget (clients that fit none never take part); `class` deals
+levels by device class, the strongest class the first level (one level per class).
+
+`match_depths` (InclusiveFL's HeteroFL baseline, Liu et al. 2022 Sec. 4.1) replaces the letters'
+rates by the width rates at which the model has the parameter count of the same family cut to
+each depth (largest first, e.g. `2-4-6` for levels a, b, c of a 6-layer model), so the width and
+depth methods compare at equal model sizes per device class.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ from .fedavg import FedAvgClient
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..data import Clients
+from ..devices import configured_profile
 from ..evaluate import Evaluator, scores
 from ..models import build_model
-from ..models.layers import ScaledConfig
+from ..models.layers import DepthConfig, ScaledConfig
 from ..types import ClientId, Round
 
 RATES = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
@@ -62,11 +69,12 @@ def parse_levels(mix: str) -> list[Level]:
 class HeteroFLConfig(AlgorithmConfig):
     name: str = "heterofl"
     levels: str = Field("a1-b1-c1-d1-e1", description="level mix: letters a..e (rates 1..1/16) with proportions")
-    mode: Literal["fix", "dynamic", "capability"] = "dynamic"
+    mode: Literal["fix", "dynamic", "capability", "class"] = "dynamic"
     mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
     label_split_rows: bool = Field(True, description="aggregate classifier rows over only the clients whose label split has the class (the public code always does)")
     sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
     weighting: Literal["count", "samples"] = Field("count", description="count: HeteroFL's plain per-entry mean; samples: FedAvg's n_k weights")
+    match_depths: str | None = Field(None, pattern=r"^\d+(-\d+)*$", description="level rates that match the parameter counts of these depths of a depth-sliceable model, e.g. 2-4-6")
 
     @field_validator("levels")
     @classmethod
@@ -74,6 +82,27 @@ class HeteroFLConfig(AlgorithmConfig):
         if not _MIX.match(v) or any(int(t[1:]) == 0 for t in v.split("-")) or len({t[0] for t in v.split("-")}) != len(v.split("-")):
             raise ValueError("write levels like a1-b1-e1: distinct letters a..e, each with a positive proportion")
         return v
+
+
+def matched_levels(levels: Sequence[Level], config: RunConfig, context: FederationContext) -> list[Level]:
+    """The levels with the width rates whose models have the parameter counts of the depth-cut
+    models (`match_depths`, largest depth first): the global level keeps rate 1 at the largest
+    depth; each other rate sits on the side of the step, where params(rate) jumps past
+    params(depth) (bisection to 1e-4), whose count is nearer."""
+    from scipy import optimize  # lazily: most runs never match depths
+
+    depths = sorted((int(d) for d in config.algorithm.match_depths.split("-")), reverse=True)
+    if not isinstance(config.model, DepthConfig):
+        raise ConfigError(f"algorithm.match_depths: model {config.model.name} has no depth to match")
+    if len(depths) != len(levels) or depths[0] != config.model.depth:
+        raise ConfigError(f"algorithm.match_depths: one depth per level ({len(levels)}), the largest model.depth ({config.model.depth})")
+    params = lambda **change: sum(p.numel() for p in build_model(config.model.model_copy(update=change), context.input_shape, context.num_classes).parameters())  # noqa: E731
+    rates = [1.0]
+    for depth in depths[1:]:
+        target = params(depth=depth)
+        step = optimize.bisect(lambda r: params(rate=r) - target, 1e-3, 1.0, xtol=1e-4)
+        rates.append(min((step - 2e-4, step + 2e-4), key=lambda r: abs(params(rate=r) - target)))
+    return [Level(level.name, rate, level.proportion) for level, rate in zip(levels, rates)]
 
 
 def assign_fix(levels: Sequence[Level], num_clients: int) -> np.ndarray:
@@ -106,6 +135,8 @@ class HeteroFLPolicy(ServerPolicy):
         if not isinstance(config.model, ScaledConfig):
             raise ConfigError(f"model.name: {config.algorithm.name} needs a width-scalable model with a Scaler (cnn, mlp, cnn1d, preresnet18)")
         self.levels = parse_levels(config.algorithm.levels)
+        if config.algorithm.match_depths:
+            self.levels = matched_levels(self.levels, config, context)
         g = self.levels[0].rate
         self.variants = [config.model.model_copy(update={"rate": l.rate, "scaler": l.rate / g}) for l in self.levels]
         self.shapes = [self._shapes(v) for v in self.variants]
@@ -119,6 +150,11 @@ class HeteroFLPolicy(ServerPolicy):
             self.fixed = assign_capability(self.levels, need, context.memory_bytes)
             if (self.fixed < 0).all():
                 raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
+        elif mode == "class":
+            classes = configured_profile(config.devices).classes
+            if len(classes) != len(self.levels):
+                raise ConfigError(f"algorithm.levels: mode class needs one level per device class ({len(classes)} in profile {config.devices.profile!r}), not {len(self.levels)}")
+            self.fixed = len(classes) - 1 - np.asarray(context.device_classes)
         else:
             self.fixed = None
         self.classifier = _classifier_keys(self.shapes[0])

@@ -56,7 +56,9 @@ class Attention(nn.Module):
         q = torch.einsum("btd,hed->bhte", x, self.q) + self.q_bias[:, None]
         k = torch.einsum("btd,hed->bhte", x, self.k) + self.k_bias[:, None]
         v = torch.einsum("btd,hed->bhte", x, self.v) + self.v_bias[:, None]
-        att = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, e)
+        # softmax(q k^T / sqrt(e)) v written out: vmap (ray.vectorize) has a batching rule for each
+        # step, not for the fused CPU kernel of F.scaled_dot_product_attention
+        att = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1) @ v  # (B, H, T, e)
         return torch.einsum("bhte,dhe->btd", att, self.out) + self.out_bias
 
 

@@ -78,8 +78,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
         ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3"],
         # MergeSFL: GA-selected workers with regulated batch sizes and merged features.
         ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=2", "algorithm.ga_generations=20"],
+        # InclusiveFL: depth groups with their own heads, per-group FedAdam and momenta.
+        ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
     ],
-    ids=["heterofl", "sfl", "mergesfl"],
+    ids=["heterofl", "sfl", "mergesfl", "inclusivefl"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     ray_equals_local(overrides, tmp_path)

@@ -26,8 +26,14 @@ def one_round(sets):
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["algorithm.name=fedprox", "algorithm.mu=0.1"], ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"]],
-    ids=["fedavg-sgd", "fedprox", "adam"],
+    [
+        [],
+        ["algorithm.name=fedprox", "algorithm.mu=0.1"],
+        ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"],
+        # depth groups of a transformer: clients of one stack have different depths (one vmap group each)
+        ["algorithm.name=inclusivefl", "model.name=transformer", "model.width=8", "model.heads=2", "model.ffn=8", "devices.profile=mobile"],
+    ],
+    ids=["fedavg-sgd", "fedprox", "adam", "inclusivefl-transformer"],
 )
 def test_vectorized_clients_equal_sequential_ones(extra):
     seq = one_round([*BASE, *extra])
@@ -37,9 +43,11 @@ def test_vectorized_clients_equal_sequential_ones(extra):
     assert [r["num_samples"] for r in vec.clients] == sizes
     assert [r["status"] for r in vec.clients] == ["ok"] * 10
     np.testing.assert_allclose([r["train_loss"] for r in vec.clients], [r["train_loss"] for r in seq.clients], rtol=1e-4)
+    fed = build_federation(load_config(None, [*BASE, *extra]))
+    initial = fed.policy.init_state(fed.initial_weights()).weights
     for k, w in seq.state.weights.items():
         np.testing.assert_allclose(vec.state.weights[k], w, rtol=1e-4, atol=1e-5)
-        assert not np.array_equal(w, build_federation(load_config(None, BASE)).initial_weights()[k])  # it trained
+        assert not np.array_equal(w, initial[k])  # it trained
 
 
 def test_a_diverging_client_fails_alike():
