@@ -12,7 +12,8 @@ clients.parquet, checkpoints/). A restored experiment (`--resume`, Tune's `Tuner
 re-runs unfinished trials, which continue from their RUN_DIR's newest checkpoint.
 
 After the search: `results.csv` / `results.parquet` (a row per trial: searched values, final and
-best metric, rounds run, stopped early, status, error, RUN_DIR), `best.yaml` (the best finished trial's
+best metric, the final per-group values `<metric>@<group>` an algorithm reports (HeteroFL's
+levels, InclusiveFL's groups), rounds run, stopped early, status, error, RUN_DIR), `best.yaml` (the best finished trial's
 run config, ready for `rayfl run`) and `trials.png` (the metric per trial over rounds).
 """
 
@@ -185,6 +186,7 @@ def results_table(exp: Experiment, trials: list[tuple[Any, pd.DataFrame]]) -> pd
                 **values,
                 f"final_{metric}": float(history[metric].iloc[-1]) if len(history) else math.nan,
                 f"best_{metric}": float(better(history[metric])) if len(history) else math.nan,
+                **{f"final_{c}": float(history[c].iloc[-1]) for c in history.columns if c.startswith(f"{metric}@") and len(history)},
                 "rounds": last_round,
                 "stopped_early": status == "stopped early",
                 "status": status,
