@@ -84,10 +84,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     ids=["heterofl", "sfl", "mergesfl", "inclusivefl"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
-    ray_equals_local(overrides, tmp_path)
+    assert_ray_equals_local(overrides, tmp_path)
 
 
-def ray_equals_local(overrides, tmp_path):
+def assert_ray_equals_local(overrides, tmp_path):
     """Run on 2 client actors and in process; the tables must be equal. Returns Ray's client rows."""
     cfg = load_config(None, [*overrides, "ray.num_actors=2"])
     run_local(cfg, tmp_path / "local")
@@ -109,7 +109,7 @@ def ray_equals_local(overrides, tmp_path):
     ids=["diverged", "min-size-0", "iid-2000"],
 )
 def test_failed_and_skipped_clients_are_recorded_alike_on_ray(ray_cluster, tmp_path, overrides):
-    assert (ray_equals_local(overrides, tmp_path)["status"] != "ok").any()
+    assert (assert_ray_equals_local(overrides, tmp_path)["status"] != "ok").any()
 
 
 def test_actors_that_never_fit_exit_2_at_once(tmp_path):
