@@ -7,18 +7,19 @@ machine's CPUs and GPUs and runs three parts on it:
    Ray gave it and torch's per-process memory fraction (`set_per_process_memory_fraction`).
 2. A client over its share: InclusiveFL on long synthetic sequences (4096 values, 2048 tokens of
    2) with a transformer whose attention memory grows with depth; depths 1-2-12 at batch 16
-   need about 4, 6 and 15 GB, so with 8 actors at 0.125 of an 80 GB GPU (10 GB each) the
-   strong class's clients run out of their share. Clients hold 40 to 64 samples (sizes capped
-   by `mean_samples: 4`), so the coordinator's CPU evaluation of the 12-layer model stays short. Two rounds on 8 actors: the strong clients
-   must end as client failures (CUDA out of memory), the weak and medium ones, trained on the
-   same GPU at the same time and by the same actors after an out-of-memory, must train, and
-   both rounds complete.
+   need an estimated 4, 6 and 15 GB (attention scores and softmax of every layer), so with 8
+   actors at 0.125 of an 80 GB GPU (10 GB each) the strong class's clients run out of their
+   share. Clients hold 40 to 64 samples (sizes capped by `mean_samples: 4`), so the
+   coordinator's CPU evaluation of the 12-layer model stays short. Two rounds on 8 actors: the
+   strong clients must end as client failures (CUDA out of memory), the weak and medium ones,
+   trained on the same GPU at the same time and by the same actors after an out-of-memory, must
+   train, and both rounds complete.
 3. Throughput: the reference workload (digits, 100 clients, 32 per round, 5 local epochs, batch
    10; `cnn2`, FedAvg's CNN, and an MLP) on 1, 2, 4 and 8 actors at 0.125 GPU and 1 CPU each, 4
    clients per call, and vectorized (`ray.vectorize: 4`) on 1 and 8 actors: clients trained per
    second in the round loop (rounds 2 on, past CUDA's first-call set-up), and final accuracy.
 
-    python bench/gpu.py [--rounds 6] [--models cnn2 mlp] [--parts placement over-share throughput]
+    python bench/gpu.py [--rounds 5] [--models cnn2 mlp] [--parts placement over-share throughput]
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 OVER_SHARE = [
     "data.name=synthetic", "data.synthetic.dim=4096", "data.synthetic.mean_samples=4", "data.num_clients=16",
@@ -102,7 +101,7 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=["cnn2", "mlp"])
     parser.add_argument("--parts", nargs="+", choices=["placement", "over-share", "throughput"], default=["placement", "over-share", "throughput"])
     args = parser.parse_args()

@@ -184,9 +184,7 @@ def results_table(exp: Experiment, trials: list[tuple[Any, pd.DataFrame]]) -> pd
             {
                 "trial_id": trial_id,
                 **values,
-                f"final_{metric}": float(history[metric].iloc[-1]) if len(history) else math.nan,
-                f"best_{metric}": float(better(history[metric])) if len(history) else math.nan,
-                **{f"final_{c}": float(history[c].iloc[-1]) for c in history.columns if c.startswith(f"{metric}@") and len(history)},
+                **metric_columns(history, metric, better),
                 "rounds": last_round,
                 "stopped_early": status == "stopped early",
                 "status": status,
@@ -195,6 +193,20 @@ def results_table(exp: Experiment, trials: list[tuple[Any, pd.DataFrame]]) -> pd
             }
         )
     return pd.DataFrame(rows).sort_values("trial_id", ignore_index=True)
+
+
+def metric_columns(history: pd.DataFrame, metric: str, better) -> dict[str, float]:
+    """A trial's final and best metric, and the final value of every per-group column the
+    algorithm reports, `<metric>@<group>` (HeteroFL's levels, InclusiveFL's groups); NaN before
+    its first round."""
+    if not len(history):
+        return {f"final_{metric}": math.nan, f"best_{metric}": math.nan}
+    groups = [c for c in history.columns if c.startswith(f"{metric}@")]
+    return {
+        f"final_{metric}": float(history[metric].iloc[-1]),
+        f"best_{metric}": float(better(history[metric])),
+        **{f"final_{c}": float(history[c].iloc[-1]) for c in groups},
+    }
 
 
 def best_trial(exp: Experiment, table: pd.DataFrame) -> pd.Series | None:

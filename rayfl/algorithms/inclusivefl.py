@@ -251,7 +251,8 @@ class InclusiveFLPolicy(ServerPolicy):
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
         if (self.class_group >= 0).all():
             return super().select(state, round, available)
-        return super().select(state, round, [c for c in available if self.group_of(c) >= 0])
+        available = np.asarray(available)  # ExclusiveFL: only the classes with a group, one vectorized pass
+        return super().select(state, round, available[self.class_group[self.context.device_classes[available]] >= 0])
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         subs: dict[int, dict[str, np.ndarray]] = {}

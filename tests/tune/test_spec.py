@@ -99,3 +99,15 @@ def test_each_client_actor_gets_one_bundle_sized_to_it():
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})
     assert bundles(cfg, 0.0) == [{"CPU": 0.0}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
     assert bundles(parse_config({}), 0.5) == [{"CPU": 0.5}, {"CPU": 1.0}]  # num_actors auto: 1 in a trial
+
+
+def test_results_rows_carry_the_final_value_of_each_groups_metric():
+    from tune.run import metric_columns
+
+    history = pd.DataFrame(
+        {"round": [1, 2, 3], "test_accuracy": [0.5, 0.7, 0.6], "test_accuracy@weak": [0.4, 0.5, 0.55], "test_loss@weak": [2.0, 1.5, 1.2]}
+    )
+    assert metric_columns(history, "test_accuracy", max) == {"final_test_accuracy": 0.6, "best_test_accuracy": 0.7, "final_test_accuracy@weak": 0.55}
+    assert metric_columns(history, "test_loss@weak", min) == {"final_test_loss@weak": 1.2, "best_test_loss@weak": 1.2}
+    empty = metric_columns(pd.DataFrame(), "test_accuracy", max)
+    assert set(empty) == {"final_test_accuracy", "best_test_accuracy"} and all(math.isnan(v) for v in empty.values())
