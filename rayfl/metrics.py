@@ -39,10 +39,11 @@ SUMMARY_KEYS = (
 
 
 class Recorder:
-    """Collects round and client rows for one RUN_DIR and writes them as Parquet."""
+    """Collects round and client rows for one RUN_DIR and writes them as Parquet. It keeps the
+    absolute path: a recorder travels to the coordinator actor, whose working directory may differ."""
 
     def __init__(self, run_dir: str | Path, rounds: Sequence[Mapping[str, Any]] = (), clients: Sequence[Mapping[str, Any]] = ()):
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.rounds: list[dict[str, Any]] = [dict(r) for r in rounds]
         self.clients: list[dict[str, Any]] = [dict(r) for r in clients]
 

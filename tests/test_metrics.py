@@ -39,3 +39,15 @@ def test_a_write_killed_midway_keeps_the_last_complete_table(tmp_path, monkeypat
     monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
     assert pd.read_parquet(tmp_path / "metrics.parquet")["round"].tolist() == [1]
     assert pd.read_parquet(tmp_path / "clients.parquet")["round"].tolist() == [1]
+
+
+def test_a_recorder_writes_where_it_was_made_whatever_the_working_directory(tmp_path, monkeypatch):
+    # `rayfl run --out runs/x` on Ray: the recorder is made in the driver and writes in the
+    # coordinator actor, whose working directory need not be the driver's
+    monkeypatch.chdir(tmp_path)
+    rec = Recorder("runs/x")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    rec.record({"round": 1, "test_accuracy": 0.5}, [{"round": 1, "client_id": 0}])
+    assert (tmp_path / "runs" / "x" / "metrics.parquet").is_file()
+    assert not (tmp_path / "elsewhere" / "runs").exists()

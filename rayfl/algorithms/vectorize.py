@@ -84,9 +84,10 @@ def train_vectorized(
         saved = snapshot(opt, params.values(), kept)
         opt.step()
         restore(opt, params.values(), kept, saved)
+        values = loss.detach().tolist()  # one device-to-host copy a step
         for i in range(k):
             if active[i]:
-                value = float(loss[i].detach())
+                value = values[i]
                 samples[i] += len(plans[i][step])
                 if not math.isfinite(value):
                     alive[i], failure[i] = False, samples[i]
