@@ -32,6 +32,7 @@ from .data import Clients, load_clients
 from .devices import CostCache, DeviceState, ModelCost, Population, client_time, configured_profile, round_duration
 from .evaluate import Evaluator
 from .models import ModelCache, to_numpy
+from .optim import OptimizerSpec
 from .types import Round
 from .algorithms.vectorize import check_vectorizable
 
@@ -133,6 +134,7 @@ def build_federation(config: RunConfig) -> Federation:
     models = ModelCache(clients.input_shape, clients.num_classes)
     probe = models.build(config.model)
     costs = CostCache()
+    cost_of = lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape)  # noqa: E731
     context = FederationContext(
         seed=config.seed,
         num_clients=config.data.num_clients,
@@ -141,9 +143,9 @@ def build_federation(config: RunConfig) -> Federation:
         num_examples=clients.sizes(),
         label_histogram=clients.label_histogram,
         param_names=frozenset(name for name, _ in probe.named_parameters()),
-        memory_bytes=population.memory_bytes(),
+        memory_bytes=population.memory_bytes(lambda rate: width_memory(config, cost_of, rate)),
         test_split=clients.test_split,
-        cost_of=lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape),
+        cost_of=cost_of,
         device_state=population.state,
         device_classes=population.class_of,
     )
@@ -155,6 +157,16 @@ def build_federation(config: RunConfig) -> Federation:
     policy = algorithm.policy(config, context)
     evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
     return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
+
+
+def width_memory(config: RunConfig, cost_of: Callable[[ModelConfig], ModelCost], rate: float) -> int:
+    """A `memory_width` budget: the training memory of the run's model at width `rate` (its batch
+    size and optimizer), measured (`ModelCost.training_memory`). The width is set without
+    validation, so rates above 1 measure a wider network than any config allows."""
+    if not hasattr(config.model, "rate"):
+        raise ConfigError(f"devices.profile: memory_width budgets need a width-scalable model, not {config.model.name}")
+    slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
+    return cost_of(config.model.model_copy(update={"rate": rate})).training_memory(config.federation.batch_size, slots)
 
 
 def cost_row(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> dict[str, Any]:

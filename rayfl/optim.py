@@ -33,6 +33,11 @@ class OptimizerSpec:
     def of(cls, fed: FederationConfig, lr: float) -> "OptimizerSpec":
         return cls(fed.optimizer, lr, fed.momentum, fed.weight_decay, fed.grad_clip)
 
+    @property
+    def state_slots(self) -> int:
+        """Copies of the parameters the optimizer keeps (Adam's two moments, SGD's momentum)."""
+        return 2 if self.kind == "adam" else int(self.momentum > 0)
+
     def with_lr(self, lr: float) -> "OptimizerSpec":
         """The same optimizer at another rate (MergeSFL: lr proportional to batch size)."""
         return dataclasses.replace(self, lr=lr)

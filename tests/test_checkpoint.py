@@ -82,8 +82,9 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         ["model.name=mlp", "algorithm.name=fedadam", "federation.checkpoint_every=2"],
         ["algorithm.name=mergesfl", "algorithm.ga_generations=20", "federation.checkpoint_every=2", "federation.lr_schedule={kind: exponential, gamma: 0.9}"],
         ["algorithm.name=inclusivefl", "algorithm.server_lrs=[0.02, 0.01, 0.005]", "federation.checkpoint_every=2"],
+        ["algorithm.name=fedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.checkpoint_every=2"],
     ],
-    ids=["fedadam", "mergesfl", "inclusivefl"],
+    ids=["fedadam", "mergesfl", "inclusivefl", "fedepth-mkd"],
 )
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, base):
     run_local(load_config(None, [*base, "federation.rounds=4"]), tmp_path / "straight")

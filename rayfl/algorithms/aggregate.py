@@ -154,11 +154,14 @@ def count_sum(
 
 def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     """theta_e = sum_m w_m theta_m,e / sum_m w_m over the holders of each entry e; entries no
-    client holds keep their global value."""
+    client holds (and tensors absent from the total) keep their global value."""
     if total is None:
         return dict(global_weights)
     out = {}
     for name, old in global_weights.items():
+        if name not in total:
+            out[name] = old
+            continue
         old = np.asarray(old)
         acc, cnt = total[name], total[name + COUNT]
         mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)

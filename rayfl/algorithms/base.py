@@ -62,6 +62,9 @@ class ClientResult:
     train_loss: float
     metrics: Mapping[str, float] = field(default_factory=dict)
     """The algorithm's per-client numbers: extra columns of `clients.parquet`."""
+    keep: Mapping[str, Any] = field(default_factory=dict)
+    """What the server keeps for this client until its next task (a persistent local model, such
+    as FeDepth's MKD peer): never aggregated, never counted as sent (it stays on the device)."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class ServerPolicy:
 
     def evaluate(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
         """Test metrics of the global model: `test_accuracy`, `test_loss`."""
-        out = evaluator(state.weights, self.config.model)
+        out = evaluator(state.weights, self.global_model())
         return {"test_accuracy": out["accuracy"], "test_loss": out["loss"]}
 
 

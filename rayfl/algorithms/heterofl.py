@@ -145,7 +145,7 @@ class HeteroFLPolicy(ServerPolicy):
         if mode == "fix":
             self.fixed = assign_fix(self.levels, context.num_clients)
         elif mode == "capability":
-            slots = 1 if config.federation.momentum else 0
+            slots = self.optimizer(1).state_slots
             need = [context.cost_of(v).training_memory(config.federation.batch_size, slots) for v in self.variants]
             self.fixed = assign_capability(self.levels, need, context.memory_bytes)
             if (self.fixed < 0).all():

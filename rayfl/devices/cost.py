@@ -8,6 +8,7 @@ A synchronous round lasts as long as its slowest selected client; a client waits
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Mapping, Sequence
 
@@ -40,14 +41,18 @@ class ModelCost:
 
     def training_memory(self, batch_size: int, optimizer_slots: int = 1) -> int:
         """Bytes to train: weights, gradients, `optimizer_slots` state copies, one batch of activations."""
-        return int(self.param_bytes * (2 + optimizer_slots) + self.activation_bytes * batch_size)
+        return math.ceil(self.param_bytes * (2 + optimizer_slots) + self.activation_bytes * batch_size)
 
 
 def count_flops(model: nn.Module, input_shape: tuple[int, ...], train: bool) -> float:
     """FLOPs per sample of a forward (and, with `train`, backward) pass, counted by torch."""
+    return flops_on(model, _probe(input_shape), train)
+
+
+def flops_on(model: nn.Module, x: torch.Tensor, train: bool) -> float:
+    """FLOPs per sample of `model` on the batch `x`: forward, or forward and backward."""
     from torch.utils.flop_counter import FlopCounterMode  # imported here: client actors rarely count
 
-    x = _probe(input_shape)
     model.train(train)
     with FlopCounterMode(display=False) as counter:
         if train:
@@ -56,25 +61,46 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...], train: bool) -> 
             with torch.no_grad():
                 model(x)
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / _PROBE_BATCH
+    return counter.get_total_flops() / len(x)
 
 
-def activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> float:
-    """Bytes per sample that autograd saves for backward (parameters excluded), via saved-tensor hooks."""
+def saved_bytes(model: nn.Module, x: torch.Tensor, parts: Mapping[str, nn.Module] | None = None) -> dict[str, int]:
+    """Bytes that autograd saves for backward in one training forward of `model` on `x`
+    (parameters excluded, a storage counted once at its largest), attributed to the innermost of
+    `parts` running when the storage is first saved ("" outside them), via saved-tensor hooks."""
     params = {p.data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    owner: dict[int, str] = {}
+    size: dict[int, int] = {}
+    running: list[str] = []
+    hooks = []
+    for name, part in (parts or {}).items():
+        hooks.append(part.register_forward_pre_hook(lambda m, a, name=name: running.append(name)))
+        hooks.append(part.register_forward_hook(lambda m, a, out: running.pop() and None))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params:
-            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+            owner.setdefault(ptr, running[-1] if running else "")
+            size[ptr] = max(size.get(ptr, 0), t.untyped_storage().nbytes())
         return t
 
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(_probe(input_shape))
-    del out
-    return sum(seen.values()) / _PROBE_BATCH
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(x)
+        del out
+    finally:
+        for h in hooks:
+            h.remove()
+    by_part = dict.fromkeys([*(parts or {}), ""], 0)
+    for ptr, n in size.items():
+        by_part[owner[ptr]] += n
+    return by_part
+
+
+def activation_bytes(model: nn.Module, input_shape: tuple[int, ...]) -> float:
+    """Bytes per sample that autograd saves for backward (parameters excluded)."""
+    return sum(saved_bytes(model, _probe(input_shape)).values()) / _PROBE_BATCH
 
 
 def measure(model: nn.Module, input_shape: tuple[int, ...]) -> ModelCost:

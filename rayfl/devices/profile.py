@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import Field, ValidationError, model_validator
@@ -20,7 +20,13 @@ class DeviceClass(Strict):
     name: str
     proportion: float = Field(gt=0, description="share of clients of this class (normalised over classes)")
     flops: list[float] = Field(min_length=1, description="effective training FLOP/s of each mode")
-    memory_mb: float = Field(gt=0, description="memory budget for training, MiB")
+    memory_mb: float | None = Field(None, gt=0, description="memory budget for training, MiB")
+    memory_width: float | None = Field(
+        None,
+        gt=0,
+        description="memory budget as a width (FeDepth's 'x r width'): the measured memory of training the run's model at "
+        "width rate r (its configured batch size and optimizer); r > 1 is a wider network than the model",
+    )
     bandwidth_mbps: tuple[float, float] = Field(description="[low, high]: the range of link speeds, Mb/s")
     bandwidth_jitter: float | None = Field(
         None,
@@ -35,6 +41,8 @@ class DeviceClass(Strict):
     def _check(self) -> "DeviceClass":
         if any(f <= 0 for f in self.flops):
             raise ValueError("flops: every mode must be > 0")
+        if (self.memory_mb is None) == (self.memory_width is None):
+            raise ValueError("give the memory budget as exactly one of memory_mb or memory_width")
         low, high = self.bandwidth_mbps
         if not 0 < low <= high:
             raise ValueError("bandwidth_mbps: need 0 < low <= high")
@@ -91,7 +99,6 @@ class DeviceState:
 
     device: str
     flops: float
-    memory_bytes: int
     bandwidth_bps: float
     latency_s: float
     available: bool
@@ -123,9 +130,13 @@ class Population:
     def device_class(self, client: int) -> DeviceClass:
         return self.profile.classes[self.class_of[client]]
 
-    def memory_bytes(self) -> np.ndarray:
-        """(num_clients,) each client's memory budget in bytes."""
-        return np.array([c.memory_mb * 2**20 for c in self.profile.classes])[self.class_of]
+    def class_memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
+        """Each class's memory budget in bytes; `width_memory(r)` measures a `memory_width` budget."""
+        return np.array([c.memory_mb * 2**20 if c.memory_mb is not None else width_memory(c.memory_width) for c in self.profile.classes])
+
+    def memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
+        """(num_clients,) each client's memory budget in bytes (`class_memory_bytes` per client)."""
+        return self.class_memory_bytes(width_memory)[self.class_of]
 
     def online(self, round: int) -> np.ndarray:
         """(num_clients,) who is online in the round (computed once per round)."""
@@ -143,7 +154,6 @@ class Population:
         return DeviceState(
             device=cls.name,
             flops=float(cls.flops[mode]),
-            memory_bytes=int(cls.memory_mb * 2**20),
             bandwidth_bps=float(mbps) * 1e6,
             latency_s=cls.latency_ms / 1e3,
             available=bool(online),

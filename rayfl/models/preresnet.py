@@ -24,14 +24,17 @@ class PreResNetConfig(ScaledConfig):
 
 
 class Block(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int, norm: str, scaler: float):
+    """A pre-activation basic block over `dims` spatial dimensions (2: images, 1: sequences)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str, scaler: float, dims: int = 2):
         super().__init__()
-        self.n1 = make_norm(norm, c_in, 2)
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.n2 = make_norm(norm, c_out, 2)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        conv = {1: nn.Conv1d, 2: nn.Conv2d}[dims]
+        self.n1 = make_norm(norm, c_in, dims)
+        self.conv1 = conv(c_in, c_out, 3, stride, 1, bias=False)
+        self.n2 = make_norm(norm, c_out, dims)
+        self.conv2 = conv(c_out, c_out, 3, 1, 1, bias=False)
         self.scaler = Scaler(scaler)
-        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride, bias=False) if stride != 1 or c_in != c_out else None
+        self.shortcut = conv(c_in, c_out, 1, stride, bias=False) if stride != 1 or c_in != c_out else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = torch.relu(self.n1(self.scaler(x)))

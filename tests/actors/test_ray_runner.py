@@ -80,8 +80,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
         ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=2", "algorithm.ga_generations=20"],
         # InclusiveFL: depth groups with their own heads, per-group FedAdam and momenta.
         ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
+        # m-FeDepth: depth-wise stages with auxiliary heads, cached prefixes, MKD peers kept per client.
+        ["algorithm.name=mfedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.rounds=2"],
     ],
-    ids=["heterofl", "sfl", "mergesfl", "inclusivefl"],
+    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)

@@ -1,0 +1,35 @@
+"""Memory budgets as model sizes: the widest width rate that fits each client's budget (width
+methods under FeDepth's budget scenarios: HeteroFL, SplitMix, FedAvg at the smallest width)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import FederationContext
+from ..config import ModelConfig, RunConfig
+from ..optim import OptimizerSpec
+
+RATE_TOL = 1e-4
+
+
+def fitting_rate(config: RunConfig, context: FederationContext, budget: float, model: ModelConfig | None = None) -> float:
+    """The largest width rate in (0, 1] whose training memory (`ModelCost.training_memory` at the
+    run's batch size and optimizer) fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not
+    even the thinnest fits. A `memory_width` budget r gives r itself (capped at 1), since it is
+    that width's measured memory."""
+    model = model or config.model
+    slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
+    need = lambda r: context.cost_of(model.model_copy(update={"rate": r})).training_memory(config.federation.batch_size, slots)  # noqa: E731
+    if need(1.0) <= budget:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > RATE_TOL:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid)
+    return lo
+
+
+def client_rates(config: RunConfig, context: FederationContext, model: ModelConfig | None = None) -> np.ndarray:
+    """(num_clients,) each client's `fitting_rate`, computed once per distinct budget."""
+    budgets, inverse = np.unique(context.memory_bytes, return_inverse=True)
+    return np.array([fitting_rate(config, context, float(b), model) for b in budgets])[inverse]

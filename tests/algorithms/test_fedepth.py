@@ -1,0 +1,226 @@
+"""FeDepth and m-FeDepth (Zhang et al. 2023): the memory-adaptive decomposition against the paper's
+Fig. 3 and the public code's hand-written PreResNet-20 schedules, depth-wise training with frozen
+blocks, the skip links, per-trainer aggregation of heads and skipped layers, and mutual knowledge
+distillation with persistent per-client peers."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss
+from rayfl.client import ClientRunner
+from rayfl.config import ConfigError
+from rayfl.devices.cost import measure
+from rayfl.engine import build_federation, run_round, width_memory
+from rayfl.loader import load_config
+from rayfl.models import build_model
+from rayfl.models.preresnet20 import PreResNet20Config, link
+from rayfl.runner import InProcessExecutor, torch_threads
+
+BIG_BATCH = ["federation.batch_size=128", "data.num_clients=8", "federation.clients_per_round=4"]
+
+
+def test_decompose_reproduces_fig_3():
+    costs = [3, 2, 1, 0.5, 0.5, 0.5]  # GB
+    assert decompose(costs, 3) == [[0], [1, 2], [3, 4, 5]]
+    assert decompose(costs, 5) == [[0, 1], [2, 3, 4, 5]]
+    assert decompose(costs, 8) == [[0, 1, 2, 3, 4, 5]]
+    with pytest.raises(ConfigError, match="layer 0 alone"):
+        decompose(costs, 2.5)
+
+
+def test_the_public_codes_preresnet20_schedules_come_out_of_measured_memory():
+    # CIFAR-size inputs, batch 128, SGD with momentum 0.9 (example.sh): each budget is the measured
+    # memory of training the r-width network; the partitioner must give the code's hand-written plans.
+    shape = (3, 32, 32)
+    cfg = load_config(None, ["algorithm.name=fedepth", "federation.batch_size=128", "federation.momentum=0.9"])
+    cost_of = lambda v: measure(build_model(v, shape, 10), shape)  # noqa: E731
+    from rayfl.algorithms.fedepth import measure_layers, plan
+
+    costs = measure_layers(build_model(cfg.model, shape, 10), shape)
+    schedules = {}
+    for r in (1 / 8, 1 / 6, 1 / 3, 1 / 2, 1.0):
+        p = plan(costs, width_memory(cfg, cost_of, r), 128, 1, [costs.head], num_examples=400, memory="blocks", cache="never", mkd=2)
+        schedules[r] = [[i + 1 for i in b] for b in p.blocks]  # 1-based layers, as the code names them
+    assert schedules[1 / 6] == [[1], [2], [3], [4], [5, 6], [7, 8, 9]]
+    assert schedules[1 / 3] == [[1, 2], [3, 4], [5, 6, 7, 8, 9]]
+    assert schedules[1 / 2] == [[1, 2, 3], [4, 5, 6, 7, 8, 9]]
+    assert schedules[1.0] == [list(range(1, 10))]
+    # Lack's 1/8 clients skip layers 1-3: the code's insufficient schedule {4} {5} {6} {7, 8} {9}.
+    assert schedules[1 / 8] == [[4], [5], [6], [7, 8], [9]]
+    # The parts add up to the whole model's measured activations (one attribution, no double count).
+    whole = cost_of(cfg.model).activation_bytes
+    assert costs.stem.saved_bytes + sum(c.saved_bytes for c in costs.layers) + costs.head.saved_bytes == whole
+
+
+def test_stage_accounting_leaves_the_sixth_width_short_of_the_first_block():
+    # Counting all a stage holds (stem, head, every weight), the 1/6 budget cannot train layer 1:
+    # its clients skip layers (the finding the doc page reports).
+    shape = (3, 32, 32)
+    cfg = load_config(None, ["algorithm.name=fedepth", "federation.batch_size=128", "federation.momentum=0.9"])
+    from rayfl.algorithms.fedepth import measure_layers, plan
+
+    costs = measure_layers(build_model(cfg.model, shape, 10), shape)
+    budget = width_memory(cfg, lambda v: measure(build_model(v, shape, 10), shape), 1 / 6)
+    p = plan(costs, budget, 128, 1, [costs.head], num_examples=400, memory="stage", cache="never", mkd=2)
+    assert p.skip > 0
+
+
+def test_link_subsamples_and_centres_the_channels():
+    z = torch.arange(2 * 16 * 32 * 32, dtype=torch.float32).reshape(2, 16, 32, 32)
+    out = link(z, (64, 8, 8))
+    assert out.shape == (2, 64, 8, 8)
+    assert torch.equal(out[:, 24:40], z[:, :, ::4, ::4])  # link1: real channels 24..39
+    assert not out[:, :24].any() and not out[:, 40:].any()
+    z = torch.ones(1, 32, 16, 16)
+    assert torch.equal(link(z, (64, 8, 8))[0, :, 0, 0], torch.tensor([0.0] * 16 + [1.0] * 32 + [0.0] * 16))  # link2
+    z = torch.ones(1, 6, 20)  # odd padding on sequences: floor before, the rest after
+    assert link(z, (11, 10))[0, :, 0].tolist() == [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0]
+
+
+def test_mkd_loss_against_a_hand_computed_value():
+    z = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 1.0]])
+    peer = torch.tensor([[0.5, 0.5, 2.0], [1.0, 0.0, 0.0]])
+    y = torch.tensor([1, 2])
+    sm = lambda a: np.exp(a) / np.exp(a).sum(1, keepdims=True)  # noqa: E731
+    p, q = sm(z.numpy()), sm(peer.numpy())
+    ce = -np.mean(np.log(p[[0, 1], [1, 2]]))
+    kl = np.mean(np.sum(q * (np.log(q) - np.log(p)), 1))  # KL(peer || self), batch mean
+    assert float(mkd_loss(z, [peer], y, 0.7)) == pytest.approx(ce + 0.7 * kl, rel=1e-6)
+    assert float(mkd_loss(z, [peer, peer], y, 0.7)) == pytest.approx(ce + 0.7 * kl, rel=1e-6)  # lambda / (M - 1)
+    zg = z.clone().requires_grad_()
+    pg = peer.clone().requires_grad_()
+    mkd_loss(zg, [pg], y, 1.0).backward()
+    assert pg.grad is None  # the peer is detached
+
+
+def federation(*overrides):
+    with torch_threads():
+        fed = build_federation(load_config(None, [*overrides]))
+        return fed, fed.policy.init_state(fed.initial_weights())
+
+
+def task_for(fed, state, client, **fields):
+    return fed.policy.task(client, 1, state.weights, kind=FeDepthTask, model=fed.policy.variant, **fields)
+
+
+def test_frozen_blocks_stay_bit_identical_through_later_stages():
+    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "federation.momentum=0.9", "federation.weight_decay=5e-4")
+    runner = ClientRunner.of(fed)
+    first = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2),)))
+    both = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9)))))
+    early = [k for k in first.weights if k.startswith(("stem.", "layers.0.", "layers.1.", "layers.2."))]
+    assert early and all(np.array_equal(first.weights[k], both.weights[k]) for k in early)
+    assert not np.array_equal(first.weights["layers.5.conv1.weight"], both.weights["layers.5.conv1.weight"])
+    # The public code under PyTorch 1.7: momentum and weight decay keep moving the frozen block.
+    drift = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9))), drift=True))
+    assert not np.array_equal(first.weights["layers.1.conv1.weight"], drift.weights["layers.1.conv1.weight"])
+
+
+def test_a_cached_prefix_trains_as_the_recomputed_one():
+    # Group norm makes the prefix per sample, so the cache changes nothing but the compute.
+    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "model.norm=gn", "federation.batch_size=16")
+    runner = ClientRunner.of(fed)
+    blocks = ((0, 1, 2), (3, 4, 5), (6, 7, 8))
+    cached = runner.run(task_for(fed, state, 1, blocks=blocks, cache=True))
+    again = runner.run(task_for(fed, state, 1, blocks=blocks))
+    for k in cached.weights:
+        np.testing.assert_allclose(cached.weights[k], again.weights[k], rtol=1e-4, atol=1e-6)
+
+
+def test_client_cost_counts_the_frozen_prefix_of_every_stage():
+    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH)
+    policy, c = fed.policy, fed.policy.costs
+    blocks = ((0, 1, 2), tuple(range(3, 9)))
+    result = ClientResult(0, 1, state.weights, 50, 200, 0.0)  # 100 samples per stage
+    flops, down, up = policy.client_cost(task_for(fed, state, 0, blocks=blocks), result)
+    stage1 = c.stem.train_flops + sum(l.train_flops for l in c.layers[:3]) + c.head.train_flops
+    stage2 = c.stem.forward_flops + sum(l.forward_flops for l in c.layers[:3]) + sum(l.train_flops for l in c.layers[3:]) + c.head.train_flops
+    assert flops == pytest.approx(100 * (stage1 + stage2))
+    # Cached: the prefix runs once per example (50), not once per training sample (100).
+    cached, _, _ = policy.client_cost(task_for(fed, state, 0, blocks=blocks, cache=True), result)
+    assert flops - cached == pytest.approx(50 * (c.stem.forward_flops + sum(l.forward_flops for l in c.layers[:3])))
+    assert down == up == sum(v.nbytes for v in state.weights.values())
+
+
+def constant(weights, value):
+    return {k: np.full_like(v, value) for k, v in weights.items()}
+
+
+def test_m_fedepth_averages_each_head_over_the_clients_that_trained_it():
+    fed, state = federation("algorithm.name=mfedepth", "devices.profile=fedepth_fair", *BIG_BATCH)
+    policy = fed.policy
+    plans = {c: policy.plan_of(c) for c in range(8)}
+    small = next(c for c, p in plans.items() if len(p.blocks) > 3)
+    full = next(c for c, p in plans.items() if len(p.blocks) == 1)
+    ends = {b[-1] for b in plans[small].blocks[:-1]}
+    results = [ClientResult(small, 1, constant(state.weights, 1.0), 10, 10, 0.0), ClientResult(full, 1, constant(state.weights, 3.0), 30, 30, 0.0)]
+    new = policy.aggregate(state, 1, results).weights
+    assert new["layers.4.conv1.weight"].flat[0] == pytest.approx(2.5)  # the body: both, (10 * 1 + 30 * 3) / 40
+    assert new["head.linear.weight"].flat[0] == pytest.approx(2.5)
+    for i in range(8):
+        w = new[f"aux.{i}.linear.weight"]
+        if i in ends:
+            assert np.all(w == 1.0)  # only the small client ended a block there
+        else:
+            np.testing.assert_array_equal(w, state.weights[f"aux.{i}.linear.weight"])  # nobody: kept
+
+
+def test_partial_clients_leave_their_skipped_layers_to_the_others():
+    fed, state = federation("algorithm.name=fedepth", "devices.profile=fedepth_lack", *BIG_BATCH)
+    plans = {c: fed.policy.plan_of(c) for c in range(8)}
+    partial = next(c for c, p in plans.items() if p.skip > 0)
+    other = next(c for c, p in plans.items() if p.skip == 0)
+    results = sorted([ClientResult(partial, 1, constant(state.weights, 1.0), 10, 10, 0.0), ClientResult(other, 1, constant(state.weights, 3.0), 30, 30, 0.0)], key=lambda r: r.client_id)
+    new = fed.policy.aggregate(state, 1, results).weights
+    assert np.all(new["layers.0.conv1.weight"] == 3.0)  # skipped by the partial client
+    assert new[f"layers.{plans[partial].skip}.conv1.weight"].flat[0] == pytest.approx(2.5)
+    assert new["stem.conv.weight"].flat[0] == pytest.approx(2.5)  # the stem trains with the first block
+
+
+def mkd_clients(fed, state, rnd):
+    tasks = fed.policy.configure(state, rnd, fed.policy.select(state, rnd, fed.population.available(rnd)))
+    return {t.client_id: t for t in tasks if t.peers}
+
+
+@pytest.mark.parametrize("peers", ["per_client", "shared"])
+def test_mkd_peers_persist_per_client_across_rounds(peers):
+    fed, state = federation("algorithm.name=fedepth", "devices.profile=fedepth_surplus", *BIG_BATCH, "federation.clients_per_round=8", f"algorithm.peers={peers}")
+    initial = state.clients["initial"]
+    with torch_threads():
+        tasks = mkd_clients(fed, state, 1)
+        assert tasks and all(len(t.peers) == 1 and t.peers[0] is initial for t in tasks.values())
+        state = run_round(fed, state, 1, InProcessExecutor(fed), 0.0).state
+    again = mkd_clients(fed, state, 2)
+    assert set(again) == set(tasks)
+    for c, t in again.items():
+        kept = state.clients[c if peers == "per_client" else "shared"][0]
+        assert t.peers[0] is kept and not np.array_equal(kept["layers.0.conv1.weight"], initial["layers.0.conv1.weight"])
+    if peers == "per_client" and len(again) > 1:
+        a, b = sorted(again)[:2]
+        assert not np.array_equal(again[a].peers[0]["head.linear.weight"], again[b].peers[0]["head.linear.weight"])
+    # Only the global model is uploaded: the peer stays on the device.
+    assert all(set(t.weights) == set(state.weights) for t in again.values())
+
+
+def test_mm_fedepth_refuses_aux_heads_that_miss_a_block_end():
+    with pytest.raises(ConfigError, match="model.aux_heads"):
+        federation("algorithm.name=mfedepth", "devices.profile=fedepth_fair", *BIG_BATCH, "model.aux_heads=9")
+
+
+def test_clients_whose_budget_fits_no_layer_never_take_part():
+    # Batch 10 on digits: the 1/6-width budget is smaller than training the last layer alone.
+    fed, state = federation("algorithm.name=fedepth", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=8")
+    out = fed.policy.select(state, 1, range(8))
+    assert 0 < len(out) < 8 and all(fed.policy.fits[c] for c in out)
+    assert fed.policy.summary()["clients_without_plan"] == 8 - len(out)
+
+
+def test_cross_entropy_of_the_skip_exit_uses_the_shared_head():
+    model = build_model(PreResNet20Config(aux_heads="2"), (1, 8, 8), 10)
+    z = torch.randn(3, 16, 8, 8)
+    assert torch.equal(model.exit(z, 1, aux=False), model.head(link(z, model.shapes[-1])))
+    assert torch.equal(model.exit(z, 1, aux=True), model.aux["1"](z))
+    assert F.cross_entropy(model.exit(z, 1), torch.zeros(3, dtype=torch.long)).isfinite()
