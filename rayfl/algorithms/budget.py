@@ -7,6 +7,7 @@ import numpy as np
 
 from .base import FederationContext
 from ..config import ModelConfig, RunConfig
+from ..devices import configured_profile
 from ..optim import OptimizerSpec
 
 RATE_TOL = 1e-4
@@ -15,8 +16,7 @@ RATE_TOL = 1e-4
 def fitting_rate(config: RunConfig, context: FederationContext, budget: float, model: ModelConfig | None = None) -> float:
     """The largest width rate in (0, 1] whose training memory (`ModelCost.training_memory` at the
     run's batch size and optimizer) fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not
-    even the thinnest fits. A `memory_width` budget r gives r itself (capped at 1), since it is
-    that width's measured memory."""
+    even the thinnest fits."""
     model = model or config.model
     slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
     need = lambda r: context.cost_of(model.model_copy(update={"rate": r})).training_memory(config.federation.batch_size, slots)  # noqa: E731
@@ -30,6 +30,9 @@ def fitting_rate(config: RunConfig, context: FederationContext, budget: float, m
 
 
 def client_rates(config: RunConfig, context: FederationContext, model: ModelConfig | None = None) -> np.ndarray:
-    """(num_clients,) each client's `fitting_rate`, computed once per distinct budget."""
-    budgets, inverse = np.unique(context.memory_bytes, return_inverse=True)
-    return np.array([fitting_rate(config, context, float(b), model) for b in budgets])[inverse]
+    """(num_clients,) each client's width rate, once per device class: a `memory_width` budget r
+    gives r itself (capped at 1: it is that width's measured memory), a `memory_mb` budget its
+    `fitting_rate`."""
+    classes = configured_profile(config.devices).classes
+    per_class = [min(c.memory_width, 1.0) if c.memory_width is not None else fitting_rate(config, context, c.memory_mb * 2**20, model) for c in classes]
+    return np.array(per_class)[context.device_classes]

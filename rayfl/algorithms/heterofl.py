@@ -17,7 +17,9 @@ Levels: a=1, b=1/2, c=1/4, d=1/8, e=1/16; a mix `a1-b1-e1` gives proportions; th
 is the global model. `fix` deals levels to clients in index blocks once; `dynamic` re-draws every
 client's level each round; `capability` gives each client the widest level of the mix whose
 training memory fits its device's budget (clients that fit none never take part); `class` deals
-levels by device class, the strongest class the first level (one level per class).
+levels by device class, the strongest class the first level (one level per class); `budget`
+replaces the letters by the widest width rate each client's memory fits (FeDepth's budget
+scenarios: a `memory_width` budget r gives width r, so HeteroFL and FeDepth meet the same devices).
 
 `match_depths` (InclusiveFL's HeteroFL baseline, Liu et al. 2022 Sec. 4.1) replaces the letters'
 rates by the width rates at which the model has the parameter count of the same family cut to
@@ -39,6 +41,7 @@ from torch import nn
 
 from .. import rng
 from . import aggregate
+from .budget import client_rates
 from .base import ClientResult, ClientTask, FederationContext, LocalState, ServerPolicy, ServerState
 from .fedavg import FedAvgClient
 from .registry import Algorithm, register
@@ -69,7 +72,7 @@ def parse_levels(mix: str) -> list[Level]:
 class HeteroFLConfig(AlgorithmConfig):
     name: str = "heterofl"
     levels: str = Field("a1-b1-c1-d1-e1", description="level mix: letters a..e (rates 1..1/16) with proportions")
-    mode: Literal["fix", "dynamic", "capability", "class"] = "dynamic"
+    mode: Literal["fix", "dynamic", "capability", "class", "budget"] = Field("dynamic", description="how clients get levels (budget: the widest width that fits each client's memory, levels from the budgets)")
     mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
     label_split_rows: bool = Field(True, description="aggregate classifier rows over only the clients whose label split has the class (the public code always does)")
     sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
@@ -105,6 +108,17 @@ def matched_levels(levels: Sequence[Level], config: RunConfig, context: Federati
     return [Level(level.name, rate, level.proportion) for level, rate in zip(levels, rates)]
 
 
+def budget_levels(rates: np.ndarray) -> tuple[list[Level], np.ndarray]:
+    """Levels from each client's widest fitting width rate (`budget.client_rates`), widest first,
+    named by rate, with the full width as the global level (proportion 0 when nobody fits it);
+    and each client's level (-1 for a rate of 0: nothing fits)."""
+    distinct = sorted({float(r) for r in rates if r > 0}, reverse=True)
+    if distinct[0] < 1.0:
+        distinct.insert(0, 1.0)
+    levels = [Level(f"{r:.3g}", r, int((rates == r).sum())) for r in distinct]
+    return levels, np.array([distinct.index(float(r)) if r > 0 else -1 for r in rates])
+
+
 def assign_fix(levels: Sequence[Level], num_clients: int) -> np.ndarray:
     """Public code `fix`: level k repeated q * p_k times in order, q = floor(N / sum p); the rest get the last."""
     q = num_clients // sum(l.proportion for l in levels)
@@ -137,6 +151,8 @@ class HeteroFLPolicy(ServerPolicy):
         self.levels = parse_levels(config.algorithm.levels)
         if config.algorithm.match_depths:
             self.levels = matched_levels(self.levels, config, context)
+        if config.algorithm.mode == "budget":
+            self.levels, self.fixed = budget_levels(client_rates(config, context))
         g = self.levels[0].rate
         self.variants = [config.model.model_copy(update={"rate": l.rate, "scaler": l.rate / g}) for l in self.levels]
         self.shapes = [self._shapes(v) for v in self.variants]
@@ -150,6 +166,8 @@ class HeteroFLPolicy(ServerPolicy):
             self.fixed = assign_capability(self.levels, need, context.memory_bytes)
             if (self.fixed < 0).all():
                 raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
+        elif mode == "budget":
+            pass  # dealt with the levels
         elif mode == "class":
             classes = configured_profile(config.devices).classes
             if len(classes) != len(self.levels):

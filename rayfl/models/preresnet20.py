@@ -5,7 +5,8 @@ Stem: a 3-tap conv (3x3 on images) to 16r channels and a norm, with no ReLU afte
 single-block layers `layers.<i>` of pre-activation basic blocks (`preresnet.Block`): widths
 16, 16, 16, 32, 32, 32, 64, 64, 64 (times the width rate r), strides 1, 1, 1, 2, 1, 1, 2, 1, 1.
 Head `head.`, shared by every depth: norm -> ReLU -> global average pool -> linear.
-`depth` keeps the first layers only (a prefix model, with the head after its last layer).
+`depth` keeps the first layers only: a prefix model, whose head stands for the full model's
+auxiliary classifier at its last layer (so without the ReLU; DepthFL's local models).
 
 What depth-wise training needs:
 - `link(z)`: FeDepth's parameter-free skip from any layer's output to the head's input shape:
@@ -108,7 +109,7 @@ class PreResNet20(nn.Module):
             c_in, size = width, tuple(math.ceil(s / stride) for s in size)
             self.shapes.append((width, *size))
         self.layers = nn.ModuleList(layers)
-        self.head = Classifier(c_in, num_classes, config.norm, dims, config.scaler, relu=True)
+        self.head = Classifier(c_in, num_classes, config.norm, dims, config.scaler, relu=config.depth == len(HIDDEN))
         self.aux = nn.ModuleDict({str(i): Classifier(self.shapes[i][0], num_classes, config.norm, dims, config.scaler, relu=False) for i in config.aux_layers()})
         for m in self.modules():
             if isinstance(m, nn.Linear):
