@@ -181,6 +181,10 @@ class FederationConfig(Strict):
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_clients: int = Field(1000, ge=1, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
     eval_batch_size: int = Field(500, ge=1)
+    personalize_epochs: int = Field(
+        0, ge=0, description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy / personal_accuracy (FedSup Sec. 4.1); 0: off"
+    )
+    personalize_lr: float | None = Field(None, gt=0, description="the head fine-tuning rate (None: lr)")
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
 

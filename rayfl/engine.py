@@ -298,7 +298,10 @@ def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
     rnd, cfg = outcome.row["round"], fed.config.federation
     if rnd % cfg.eval_every and rnd != cfg.rounds:
         return outcome
-    return replace(outcome, row={**outcome.row, **fed.policy.evaluate(outcome.state, rnd, fed.evaluator)})
+    row = {**outcome.row, **fed.policy.evaluate(outcome.state, rnd, fed.evaluator)}
+    if cfg.personalize_epochs:
+        row.update(fed.policy.personalize(outcome.state, rnd, fed.evaluator))
+    return replace(outcome, row=row)
 
 
 def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float) -> RoundOutcome:

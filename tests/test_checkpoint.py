@@ -83,8 +83,10 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         ["algorithm.name=mergesfl", "algorithm.ga_generations=20", "federation.checkpoint_every=2", "federation.lr_schedule={kind: exponential, gamma: 0.9}"],
         ["algorithm.name=inclusivefl", "algorithm.server_lrs=[0.02, 0.01, 0.005]", "federation.checkpoint_every=2"],
         ["algorithm.name=fedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.checkpoint_every=2"],
+        ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "federation.batch_size=128", "model.aux_heads=1-2-3-4-6", "federation.checkpoint_every=2"],
+        ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.checkpoint_every=2"],
     ],
-    ids=["fedadam", "mergesfl", "inclusivefl", "fedepth-mkd"],
+    ids=["fedadam", "mergesfl", "inclusivefl", "fedepth-mkd", "depthfl", "splitmix"],
 )
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, base):
     run_local(load_config(None, [*base, "federation.rounds=4"]), tmp_path / "straight")

@@ -7,7 +7,7 @@ in float64 in the order given (the engine passes client-id order), then cast bac
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -105,13 +105,20 @@ def merge(base: Mapping[str, np.ndarray], updates: Mapping[str, np.ndarray]) -> 
     return {k: _cast(np.asarray(updates[k]), np.asarray(v)) if k in updates else v for k, v in base.items()}
 
 
-def prefix(shape: Sequence[int]) -> tuple[slice, ...]:
-    """The leading block of a tensor: HeteroFL's index set, the first n entries of every dimension."""
+def prefix(shape: Sequence[int], full: Sequence[int] | None = None) -> tuple[slice, ...]:
+    """The leading block of a tensor: HeteroFL's index set, the first n entries of every dimension
+    (`full`, the global shape, is not needed: a `Where` for `count_sum`)."""
     return tuple(slice(0, n) for n in shape)
 
 
-def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
-    """HeteroFL sub-model (Sec. 3.1): every tensor's leading block of the sub-model's shape.
+Where = Callable[[Sequence[int], Sequence[int]], tuple[slice, ...]]
+"""Where a sub-model's tensor of a shape sits in the global tensor of another: `prefix`
+(HeteroFL's leading block), or FedSup's centred kernels (`rayfl.models.supernet.crop`)."""
+
+
+def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]], where: Where = prefix) -> dict[str, np.ndarray]:
+    """HeteroFL sub-model (Sec. 3.1): every tensor's leading block of the sub-model's shape (or
+    the block `where` says: FedSup's sub-nets take centred kernels).
 
     Taking the first ceil(r C) channels of every layer keeps the layers aligned along the chain
     (a layer's input channels are the previous layer's first outputs; a PreResNet shortcut's are
@@ -122,16 +129,16 @@ def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]]) -> dic
         full = np.asarray(global_weights[name])
         if len(shape) != full.ndim or any(n > m for n, m in zip(shape, full.shape)):
             raise AggregationError(f"{name}: sub-model shape {tuple(shape)} does not fit {full.shape}")
-        out[name] = full[prefix(shape)].copy()
+        out[name] = full[where(shape, full.shape)].copy()
     return out
 
 
 def count_sum(
-    global_shapes: Mapping[str, Sequence[int]], update: Weights, row_mask: Mapping[str, np.ndarray] | None = None, weight: float = 1.0
+    global_shapes: Mapping[str, Sequence[int]], update: Weights, row_mask: Mapping[str, np.ndarray] | None = None, weight: float = 1.0, where: Where = prefix
 ) -> dict[str, np.ndarray]:
     """One client's share of HeteroFL's per-entry mean: its (weighted) entries placed in the
-    global shapes, and per entry the weight of its holding it (under `name + COUNT`). `row_mask`
-    restricts named tensors (the classifier's rows and bias) to the rows marked True."""
+    global shapes (at `where`), and per entry the weight of its holding it (under `name + COUNT`).
+    `row_mask` restricts named tensors (the classifier's rows and bias) to the rows marked True."""
     out: dict[str, np.ndarray] = {}
     mask = row_mask or {}
     for name, shape in global_shapes.items():
@@ -141,7 +148,7 @@ def count_sum(
             arr = np.asarray(update[name], np.float64)
             if arr.ndim != len(shape) or any(n > m for n, m in zip(arr.shape, shape)):
                 raise AggregationError(f"{name}: shape {arr.shape} does not fit {shape}")
-            block = prefix(arr.shape)
+            block = where(arr.shape, shape)
             held = np.ones(arr.shape, bool)
             if name in mask:
                 rows = np.asarray(mask[name], bool)

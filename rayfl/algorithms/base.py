@@ -213,6 +213,22 @@ class ServerPolicy:
         out = evaluator(state.weights, self.global_model())
         return {"test_accuracy": out["accuracy"], "test_loss": out["loss"]}
 
+    def personalize(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
+        """Initial and personalized accuracy over clients (`federation.personalize_epochs` > 0):
+        the global model, and it with its head fine-tuned on each client (`rayfl.personalize`).
+        Personalized methods override this with their own personal models."""
+        return self.personal_scores(evaluator.models.load(self.global_model(), state.weights), round, evaluator)
+
+    def personal_scores(self, model: nn.Module, round: Round, evaluator: "Evaluator") -> dict[str, float]:
+        """`rayfl.personalize.personal_scores` of `model` under the run's settings."""
+        from ..personalize import personal_scores
+
+        fed = self.config.federation
+        return personal_scores(
+            model, evaluator.clients, evaluator.x_test, evaluator.y.numpy(), self.context.test_split,
+            seed=self.context.seed, round=round, epochs=fed.personalize_epochs, lr=fed.personalize_lr or fed.lr, batch_size=fed.batch_size,
+        )
+
 
 @dataclass
 class LocalState:

@@ -190,8 +190,10 @@ class DepthFLPolicy(ServerPolicy):
         """0-based layers followed by a classifier."""
         self.variants = {i + 1: self.variant.model_copy(update={"depth": i + 1}) for i in self.exits}
         self.prefix_keys = {d: list(build_model(v, context.input_shape, context.num_classes).state_dict()) for d, v in self.variants.items()}
-        self.shapes = {k: tuple(v.shape) for k, v in build_model(self.variant, context.input_shape, context.num_classes).state_dict().items()}
-        self.params = sorted(k for k in self.shapes if k in context.param_names)
+        model = build_model(self.variant, context.input_shape, context.num_classes)
+        self.shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        self.params = sorted(k for k, _ in model.named_parameters())
+        """The global model's parameters (its auxiliary classifiers' included): FedDyn's h covers them."""
         batch, slots = config.federation.batch_size, self.optimizer(1).state_slots
         need = lambda d: context.cost_of(config.model.model_copy(update={"depth": d})).training_memory(batch, slots)  # noqa: E731
         budgets, inverse = np.unique(context.memory_bytes, return_inverse=True)

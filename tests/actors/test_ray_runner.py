@@ -82,8 +82,11 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
         ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
         # m-FeDepth: depth-wise stages with auxiliary heads, cached prefixes, MKD peers kept per client.
         ["algorithm.name=mfedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.rounds=2"],
+        # SplitMix: each client's share of the base networks; DepthFL: prefixes with FedDyn state per client.
+        ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2"],
+        ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2", "model.aux_heads=1-2-3-4-6"],
     ],
-    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth"],
+    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)

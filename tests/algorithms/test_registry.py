@@ -45,14 +45,23 @@ def one_round(name, extra):
         fed = build_federation(cfg)
         state = fed.policy.init_state(fed.initial_weights())
         out = run_round(fed, state, 1, InProcessExecutor(fed), 0.0)
-    params = fed.context.param_names
-    return {k: v for k, v in state.weights.items() if k in params}, {k: v for k, v in out.state.weights.items() if k in params}
+    return trainable(state), trainable(out.state)
+
+
+def trainable(state):
+    """Float tensors of the global model and of the models kept per client (Local-only trains
+    only those), by value rather than by the engine's module names (SplitMix keeps K copies)."""
+    out = {k: v for k, v in state.weights.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not k.endswith(("running_mean", "running_var"))}
+    for c, kept in state.clients.items():
+        if isinstance(kept, dict) and all(isinstance(v, np.ndarray) for v in kept.values()):
+            out.update((f"client {c}/{k}", v) for k, v in kept.items() if np.issubdtype(v.dtype, np.floating) and not k.endswith(("running_mean", "running_var")))
+    return out
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_every_optimizer_option_is_honoured_or_refused(name):
     initial, base = one_round(name, [])
-    trained = {k for k in base if not np.array_equal(base[k], initial[k])}
+    trained = {k for k in base if k not in initial or not np.array_equal(base[k], initial[k])}
     assert trained, "the round trained nothing"
     for key, value in OPTIONS.items():
         try:

@@ -1,0 +1,135 @@
+"""FedSup and E-FedSup (Kim & Yun): the sandwich sampler, in-place distillation, gradient
+accumulation over the M sub-nets of a step, FLOPs-aware tiers, sub-net bytes and the two
+aggregation rules, on hand numbers."""
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rayfl.algorithms import aggregate
+from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
+from rayfl.client import ClientRunner
+from rayfl.engine import build_federation
+from rayfl.loader import load_config
+from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
+from rayfl.runner import run_local, torch_threads
+
+SMALL = SupernetSmallConfig()
+FEW = ["data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1"]
+
+
+@pytest.mark.parametrize("m", [3, 4, 6])
+def test_the_sandwich_always_holds_the_largest_and_the_smallest(m):
+    for step in range(20):
+        subnets = step_subnets(SMALL, 0, 1, 2, step, m, sandwich=True, distill=True)
+        assert len(subnets) == m and subnets[0] == largest(SMALL) and subnets[-1] == smallest(SMALL)
+    # Random sub-nets in between, drawn per (seed, round, client, step).
+    middles = {step_subnets(SMALL, 0, 1, 2, step, m, True, True)[1] for step in range(20)}
+    assert len(middles) > 1
+    assert step_subnets(SMALL, 0, 1, 2, 5, m, True, True) == step_subnets(SMALL, 0, 1, 2, 5, m, True, True)
+
+
+def test_without_the_sandwich_or_with_one_subnet_the_draws_are_random():
+    one = [step_subnets(SMALL, 0, 1, 2, s, 1, True, True)[0] for s in range(10)]
+    assert len(set(one)) > 1  # Alg. 1 l. 8: RandomSampleModel
+    no_sandwich = [step_subnets(SMALL, 0, 1, 2, s, 3, False, True) for s in range(10)]
+    assert all(x[0] == largest(SMALL) for x in no_sandwich)  # still the teacher
+    assert any(x[-1] != smallest(SMALL) for x in no_sandwich)
+
+
+def test_in_place_distillation_loss_on_hand_logits():
+    z = torch.tensor([[1.0, 0.0, -1.0]])
+    teacher = torch.tensor([[0.0, 2.0, 0.0]])
+    p = np.exp([0.0, 2.0, 0.0]) / np.exp([0.0, 2.0, 0.0]).sum()
+    log_q = np.array([1.0, 0.0, -1.0]) - np.log(np.exp([1.0, 0.0, -1.0]).sum())
+    assert float(distill_loss(z, teacher)) == pytest.approx(-(p * log_q).sum(), rel=1e-6)
+    t = teacher.clone().requires_grad_()
+    distill_loss(z.clone().requires_grad_(), t).backward()
+    assert t.grad is None  # the teacher is detached
+
+
+def test_a_step_accumulates_the_gradients_of_its_subnets_then_steps_once():
+    cfg = load_config(None, ["algorithm.name=fedsup", *FEW, "federation.batch_size=1000", "federation.lr=0.1"])
+    with torch_threads():
+        fed = build_federation(cfg)
+        state = fed.policy.init_state(fed.initial_weights())
+        task = fed.policy.configure(state, 1, [0])[0]
+        out = ClientRunner.of(fed).run(task)
+        # By hand: one batch (the whole client), the step's three sub-nets, summed gradients, one SGD step.
+        model = copy.deepcopy(fed.models.load(cfg.model, state.weights))
+        model.train()
+        x, y = (torch.from_numpy(a) for a in fed.clients.train(0))
+        subnets = step_subnets(cfg.model, cfg.seed, 1, 0, 0, 3, True, True)
+        model.set_active(subnets[0])
+        teacher = model(x)
+        loss = F.cross_entropy(teacher, y)
+        for s in subnets[1:]:
+            model.set_active(s)
+            loss = loss + distill_loss(model(x), teacher)
+        grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    for (name, p), g in zip(model.named_parameters(), grads):
+        want = p.detach() - 0.1 * g if g is not None else p.detach()
+        np.testing.assert_allclose(out.weights[name], want.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def efedsup(*extra):
+    cfg = load_config(None, ["algorithm.name=efedsup", "devices.profile=mobile", *FEW, *extra])
+    with torch_threads():
+        fed = build_federation(cfg)
+        return fed, fed.policy.init_state(fed.initial_weights())
+
+
+def test_tiers_draw_subnets_that_fit_their_flops_budget():
+    fed, state = efedsup("data.num_clients=30")
+    policy = fed.policy
+    big = policy.size(largest(SMALL))
+    assert policy.budgets[0] == pytest.approx(policy.size(smallest(SMALL)) / big) and policy.budgets[-1] == 1.0
+    for c in range(30):
+        s = policy.tier_subnet(1, c)
+        assert policy.size(s) <= policy.budgets[fed.context.device_classes[c]] * big * (1 + 1e-9)
+        if fed.context.device_classes[c] == 0:
+            assert s == smallest(SMALL)  # the weakest tier's budget is the smallest sub-net
+    # The public code's parameter budgets bound the parameter count instead.
+    fed, _ = efedsup("data.num_clients=30", "algorithm.budget=params")
+    s = fed.policy.tier_subnet(1, 3)
+    assert fed.policy.costs(s)[1] <= fed.policy.budgets[fed.context.device_classes[3]] * fed.policy.costs(largest(SMALL))[1] * (1 + 1e-9)
+
+
+def test_only_the_subnet_travels(tmp_path):
+    run_local(load_config(None, ["algorithm.name=efedsup", "devices.profile=mobile", *FEW]), tmp_path)
+    clients = pd.read_parquet(tmp_path / "clients.parquet")
+    fed, state = efedsup()
+    for _, row in clients.iterrows():
+        sub = fed.policy.tier_subnet(1, int(row.client_id))
+        size = sum(np.prod(shape) * 4 for shape in fed.policy.sub_shapes(sub).values())
+        assert row.bytes_down == row.bytes_up == size
+    assert clients.bytes_down.nunique() > 1  # tiers of different sizes
+
+
+def test_fill_and_count_aggregation_on_hand_tensors():
+    old = {"w": np.zeros((4,), np.float32)}
+    # Client a (weight 1) trained entries 0..1 to 2.0; client b (weight 3) entries 0..3 to 4.0.
+    parts = [
+        {**aggregate.count_sum({"w": (4,)}, {"w": np.full(2, 2.0)}, None, 1.0), aggregate.WEIGHT: np.array(1.0)},
+        {**aggregate.count_sum({"w": (4,)}, {"w": np.full(4, 4.0)}, None, 3.0), aggregate.WEIGHT: np.array(3.0)},
+    ]
+    total = aggregate.add_up(parts)
+    # Fill (the paper): a's untrained entries count as the broadcast 0: (1 * 2 + 3 * 4) / 4, (1 * 0 + 3 * 4) / 4.
+    assert fill_finish(old, total)["w"].tolist() == [3.5, 3.5, 3.0, 3.0]
+    # Count: each entry over its holders: (2 + 12) / 4, then 12 / 3.
+    assert aggregate.count_finish(old, total)["w"].tolist() == [3.5, 3.5, 4.0, 4.0]
+
+
+def test_fedsup_averages_whole_supernets_by_samples():
+    cfg = load_config(None, ["algorithm.name=fedsup", *FEW])
+    fed = build_federation(cfg)
+    state = fed.policy.init_state(fed.initial_weights())
+    ones = {k: np.ones_like(v) for k, v in state.weights.items()}
+    threes = {k: np.full_like(v, 3.0) for k, v in state.weights.items()}
+    new = fed.policy.aggregate(state, 1, [ClientResult(0, 1, ones, 10, 10, 0.0), ClientResult(1, 1, threes, 30, 30, 0.0)]).weights
+    assert all(np.allclose(v, 2.5) for v in new.values())
