@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
 
@@ -118,9 +119,19 @@ class Federation:
     evaluator: Evaluator
 
     def initial_weights(self) -> dict[str, np.ndarray]:
-        """The global model's initial weights, seeded by (seed, "init")."""
+        """The global model's initial weights, seeded by (seed, "init"), with the tensors of
+        `model.pretrained` whose names and shapes match (FeDepth's depth-wise fine-tuning)."""
         with rng.seeded_torch(self.config.seed, "init"):
-            return to_numpy(self.models.build(self.policy.global_model()))
+            weights = to_numpy(self.models.build(self.policy.global_model()))
+        if self.config.model.pretrained is not None:
+            import torch  # the driver only; a pretrained state is read once
+
+            saved = torch.load(Path(self.config.model.pretrained).expanduser(), map_location="cpu", weights_only=True)
+            matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
+            if not matched:
+                raise ConfigError(f"model.pretrained: no tensor of {self.config.model.pretrained} matches model {self.config.model.name}")
+            weights.update((k, v.astype(weights[k].dtype)) for k, v in matched.items())
+        return weights
 
     def cost_of(self, variant: ModelConfig) -> ModelCost:
         return self.context.cost_of(variant)

@@ -53,6 +53,7 @@ from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import flops_on, nbytes, saved_bytes
 from ..models import build_model, to_numpy
 from ..models.preresnet20 import PreResNet20Config
+from ..models.transformer import TransformerConfig
 from ..types import ClientId, Round, Weights
 
 FEDEPTH_MODELS = {"digits": "preresnet20", "mnist1d": "preresnet20"}
@@ -105,14 +106,31 @@ class LayerCosts:
     """The whole model's weights (frozen or not, every stage holds them)."""
 
 
+STEM_EXCLUDES = ("layers.", "head.", "aux.")
+"""State-dict prefixes that are not the stem: everything else is (trained with the first block)."""
+
+
+class _Enter(nn.Module):
+    """A depth-sliceable model's stem as a module (`model.enter`), for the FLOP counter."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.enter(x)
+
+
 def measure_layers(model: nn.Module, input_shape: tuple[int, ...]) -> LayerCosts:
-    """Measure each part of a `PreResNet20` once: its saved activations within one training
-    forward of the whole model (each storage attributed to the part that first saves it, so the
+    """Measure each part of a depth-sliceable model (`preresnet20`, `transformer`: a stem
+    reached through `enter`, `layers`, a `head`, optional `aux` classifiers) once: its saved
+    activations within one training forward of the whole model (each storage attributed to the
+    part that first saves it, the stem's being those outside every layer and the head, so the
     parts add up to the model's `ModelCost.activation_bytes`), its parameters, and its FLOPs on
     the input it receives there (`torch.utils.flop_counter`)."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(_PROBE, *input_shape, generator=torch.Generator().manual_seed(0))
-    parts = {"stem": model.stem, **{f"layers.{i}": m for i, m in enumerate(model.layers)}, "head": model.head}
+    parts = {**{f"layers.{i}": m for i, m in enumerate(model.layers)}, "head": model.head}
     inputs: dict[str, torch.Tensor] = {}
 
     def keep(name: str):
@@ -128,26 +146,28 @@ def measure_layers(model: nn.Module, input_shape: tuple[int, ...]) -> LayerCosts
         for h in hooks:
             h.remove()
     outputs = {name: inputs[nxt] for name, nxt in zip(list(parts)[:-1], list(parts)[1:])}
+    nbytes_of = lambda params: sum(p.numel() * p.element_size() for p in params)  # noqa: E731
 
-    def cost(part: nn.Module, z: torch.Tensor, kept: int, out: torch.Tensor | None) -> PartCost:
+    def cost(part: nn.Module, z: torch.Tensor, kept: int, out: torch.Tensor | None, params: int | None = None, grad_in: bool = True) -> PartCost:
         with torch.no_grad():
             out = part(z) if out is None else out
         return PartCost(
-            param_bytes=sum(p.numel() * p.element_size() for p in part.parameters()),
+            param_bytes=nbytes_of(part.parameters()) if params is None else params,
             saved_bytes=kept / _PROBE,
             output_bytes=out[0].numel() * out.element_size(),
             forward_flops=flops_on(part, z, train=False),
-            train_flops=flops_on(part, z.clone().requires_grad_(), train=True),
+            train_flops=flops_on(part, z.clone().requires_grad_(grad_in), train=True),
         )
 
     costs = {name: cost(m, inputs[name], saved[name], outputs.get(name)) for name, m in parts.items()}
+    stem_params = nbytes_of(p for n, p in model.named_parameters() if not n.startswith(STEM_EXCLUDES))
+    stem = cost(_Enter(model), x, saved[""], inputs["layers.0"], stem_params, grad_in=False)
     aux = {}
-    for key, head in model.aux.items():
+    for key, head in getattr(model, "aux", {}).items():
         z = outputs[f"layers.{key}"]
         aux[int(key)] = cost(head, z, sum(saved_bytes(head, z.clone().requires_grad_()).values()), None)
     model.load_state_dict(state)
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return LayerCosts(costs["stem"], tuple(costs[f"layers.{i}"] for i in range(len(model.layers))), costs["head"], aux, total)
+    return LayerCosts(stem, tuple(costs[f"layers.{i}"] for i in range(len(model.layers))), costs["head"], aux, nbytes_of(model.parameters()))
 
 
 @dataclass(frozen=True)
@@ -276,8 +296,10 @@ class FeDepthPolicy(ServerPolicy):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        if not isinstance(config.model, PreResNet20Config):
-            raise ConfigError(f"model.name: {config.algorithm.name} trains preresnet20 depth-wise, not {config.model.name}")
+        kinds = (PreResNet20Config,) if cls.aux else (PreResNet20Config, TransformerConfig)
+        if not isinstance(config.model, kinds):
+            names = " or ".join(k.model_fields["name"].default for k in kinds)
+            raise ConfigError(f"model.name: {config.algorithm.name} trains {names} depth-wise, not {config.model.name}")
 
     def global_model(self) -> ModelConfig:
         return self.variant
@@ -381,19 +403,22 @@ class FeDepthClient(ClientProcedure):
         if task.peers:
             return self.run_mkd(task, data, ctx)
         model = ctx.load(task.model, task.weights)
-        params = dict(model.named_parameters())
-        shared = task.optimizer.build(params.values()) if task.drift else None
+        stem = [m for name, m in model.named_children() if f"{name}." not in STEM_EXCLUDES]
+        stem_params = [p for name, p in model.named_parameters() if not name.startswith(STEM_EXCLUDES)]  # a transformer's position embedding has no module
+        shared = task.optimizer.build(model.parameters()) if task.drift else None
         total, samples = 0.0, 0
         for j, block in enumerate(task.blocks):
             head = model.aux[str(block[-1])] if task.aux and block[-1] < len(model.layers) - 1 else model.head
-            trainable = [model.layers[i] for i in block] + [head] + ([model.stem] if j == 0 else [])
+            trainable = [model.layers[i] for i in block] + [head] + (stem if j == 0 else [])
             model.requires_grad_(False)
             for m in trainable:
-                m.requires_grad_(True)
                 m.train()
-            optimizer = shared or task.optimizer.build(p for m in trainable for p in m.parameters())
+            params = list({id(p): p for p in [*(p for m in trainable for p in m.parameters()), *(stem_params if j == 0 else [])]}.values())
+            for p in params:
+                p.requires_grad_(True)
+            optimizer = shared or task.optimizer.build(params)
             frozen = [model.layers[i] for i in range(task.skip, block[0])]
-            for m in frozen + ([model.stem] if j else []):
+            for m in frozen + (stem if j else []):
                 m.eval()  # frozen: batch-statistics norms (the default) as in training, running ones fixed
             cache = self.prefix(model, task, frozen, data) if task.cache and j else None
             loss_sum = 0.0

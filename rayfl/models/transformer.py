@@ -5,7 +5,8 @@ Input to tokens: a sequence (C, L) is cut into L / `patch` tokens of C x `patch`
 embedding to `width` plus a learned position embedding form the stem; `depth` pre-norm encoder
 layers (multi-head self-attention, then a GELU feed-forward block, each added to the residual
 stream after a LayerNorm) follow; the head is a LayerNorm, the mean over tokens and a linear
-classifier. Trained from scratch.
+classifier. Trained from scratch, or from `pretrained` weights (FeDepth's depth-wise fine-tuning;
+`enter` and `exit` are its stem and skip to the head).
 
 Depth (InclusiveFL): layers are `layers.<i>.` with one shape, so a model of depth L is the first
 L layers of a deeper one. Width (HeteroFL): `rate` scales the model width, the per-head width
@@ -98,8 +99,17 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(width, config.heads, head_width, scaled(config.ffn, config.rate)) for _ in range(config.depth))
         self.head = Head(width, num_classes)
 
+    def enter(self, x: torch.Tensor, skip: int = 0) -> torch.Tensor:
+        """The stem's tokens, the input of any layer (every layer keeps their shape: FeDepth's
+        skip of the first layers and its links are identities here)."""
+        return self.scaler(self.embed(x.reshape(len(x), self.tokens, -1)) + self.position)
+
+    def exit(self, z: torch.Tensor, i: int, aux: bool = False) -> torch.Tensor:
+        """Logits from layer i's output: the shared head, since every layer's output has its input's shape."""
+        return self.head(z)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.scaler(self.embed(x.reshape(len(x), self.tokens, -1)) + self.position)
+        h = self.enter(x)
         for layer in self.layers:
             h = layer(h)
         return self.head(h)

@@ -69,6 +69,9 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     assert metrics["virtual_time_s"].tolist() == pytest.approx(ref_metrics["virtual_time_s"].tolist())
 
 
+FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -85,8 +88,14 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
         # SplitMix: each client's share of the base networks; DepthFL: prefixes with FedDyn state per client.
         ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2"],
         ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2", "model.aux_heads=1-2-3-4-6"],
+        # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants mixed on an actor).
+        ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
+        ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
+        # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's
+        # models); Per-FedAvg's meta-steps; the personalization metrics from both runners alike.
+        *([f"algorithm.name={a}", "federation.rounds=2", "data.partition.kind=shards", "federation.personalize_epochs=1", *FEW] for a in ("ditto", "lgfedavg", "localonly", "perfedavg")),
     ],
-    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl"],
+    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl", "fedsup", "efedsup", "ditto", "lgfedavg", "localonly", "perfedavg"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)

@@ -224,3 +224,25 @@ def test_cross_entropy_of_the_skip_exit_uses_the_shared_head():
     assert torch.equal(model.exit(z, 1, aux=False), model.head(link(z, model.shapes[-1])))
     assert torch.equal(model.exit(z, 1, aux=True), model.aux["1"](z))
     assert F.cross_entropy(model.exit(z, 1), torch.zeros(3, dtype=torch.long)).isfinite()
+
+
+def test_depthwise_fine_tuning_of_a_pretrained_transformer(tmp_path):
+    # FeDepth's ViT experiment: an encoder whose blocks all have one shape; the stem (embedding and
+    # position) trains with the first block, the skip to the head is the identity.
+    pretrained = build_model(load_config(None, ["model.name=transformer"]).model, (1, 8, 8), 10).state_dict()
+    pretrained = {k: torch.full_like(v, 0.01) if k.startswith("layers.") else v for k, v in pretrained.items()}
+    pretrained["head.fc.weight"] = torch.zeros(3, 64)  # another task's head: not taken
+    torch.save(pretrained, tmp_path / "vit.pt")
+    fed, state = federation("algorithm.name=fedepth", "model.name=transformer", f"model.pretrained={tmp_path / 'vit.pt'}", *BIG_BATCH)
+    assert np.all(state.weights["layers.3.ff1.weight"] == np.float32(0.01))
+    assert state.weights["head.fc.weight"].shape == (10, 64) and state.weights["head.fc.weight"].any()
+    runner = ClientRunner.of(fed)
+    one = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2),)))
+    two = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), (3, 4, 5))))
+    assert not np.array_equal(one.weights["position"], state.weights["position"])  # the stem trained in stage 1
+    for k in ("position", "embed.weight", "layers.1.attn.q"):
+        assert np.array_equal(one.weights[k], two.weights[k])  # frozen through stage 2
+    with pytest.raises(ConfigError, match="model.pretrained"):
+        load_config(None, ["model.name=transformer", f"model.pretrained={tmp_path / 'missing.pt'}"])
+    with pytest.raises(ConfigError, match="mfedepth trains preresnet20"):
+        load_config(None, ["algorithm.name=mfedepth", "model.name=transformer"])
