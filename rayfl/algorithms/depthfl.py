@@ -42,6 +42,7 @@ from torch import nn
 
 from . import aggregate
 from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .fedepth import FEDEPTH_MODELS
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..evaluate import scores
@@ -305,4 +306,4 @@ class DepthFLClient(ClientProcedure):
         return ClientResult(task.client_id, task.round, weights, len(data), samples, total / max(samples, 1), {"depth": float(len(model.layers))}, keep)
 
 
-DEPTHFL = register(Algorithm("depthfl", "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn", DepthFLConfig, DepthFLPolicy, DepthFLClient, {"digits": "preresnet20", "mnist1d": "preresnet20"}))
+DEPTHFL = register(Algorithm("depthfl", "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS))

@@ -56,7 +56,8 @@ from ..models.preresnet20 import PreResNet20Config
 from ..models.transformer import TransformerConfig
 from ..types import ClientId, Round, Weights
 
-FEDEPTH_MODELS = {"digits": "preresnet20", "mnist1d": "preresnet20"}
+FEDEPTH_MODELS = {"digits": "preresnet20", "mnist1d": "preresnet20", "cifar10": "preresnet20", "cifar100": "preresnet20"}
+"""The model FeDepth and its baselines (SplitMix, DepthFL) take by default."""
 _PROBE = 2
 
 
@@ -482,7 +483,5 @@ class FeDepthClient(ClientProcedure):
         return ClientResult(task.client_id, task.round, to_numpy(models[0]), len(data), samples, total / max(samples, 1), {"stages": 1.0}, keep)
 
 
-MFEDEPTH_MODELS = {"digits": "preresnet20", "mnist1d": "preresnet20"}
-
 FEDEPTH = register(Algorithm("fedepth", "FeDepth (Zhang et al. 2023): memory-adaptive depth-wise training of the full model, skip links to the head", FeDepthConfig, FeDepthPolicy, FeDepthClient, FEDEPTH_MODELS))
-MFEDEPTH = register(Algorithm("mfedepth", "m-FeDepth (Zhang et al. 2023): depth-wise training with auxiliary classifiers per block", MFeDepthConfig, MFeDepthPolicy, FeDepthClient, MFEDEPTH_MODELS))
+MFEDEPTH = register(Algorithm("mfedepth", "m-FeDepth (Zhang et al. 2023): depth-wise training with auxiliary classifiers per block", MFeDepthConfig, MFeDepthPolicy, FeDepthClient, FEDEPTH_MODELS))

@@ -32,6 +32,7 @@ from .. import rng
 from . import aggregate
 from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
 from .budget import RATE_TOL, client_rates
+from .fedepth import FEDEPTH_MODELS
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import nbytes
@@ -216,4 +217,4 @@ class SplitMixClient(ClientProcedure):
         return ClientResult(task.client_id, task.round, weights, len(data), samples, total / max(samples, 1), metrics)
 
 
-SPLITMIX = register(Algorithm("splitmix", "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits", SplitMixConfig, SplitMixPolicy, SplitMixClient, {"digits": "preresnet20", "mnist1d": "preresnet20"}))
+SPLITMIX = register(Algorithm("splitmix", "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS))

@@ -14,7 +14,7 @@ the first channels of every tensor, the first blocks of each stage and the centr
 kernel (OFA-style weight sharing, no kernel transform); `set_active` picks it, `Subnet.config`
 gives the static model of just that sub-net, whose state is the crop of the supernet's (`crop`).
 Every stage is elastic; the code's off-by-one that freezes the last stage at its largest width
-and kernel is not reproduced. Norms: `pn` (parametric normalization, Eq. 4-5, the default),
+and kernel is `elastic_last: false`. Norms: `pn` (parametric normalization, Eq. 4-5, the default),
 `sbn`, `bn`, `none`. Images (C, H, W) or sequences (C, L).
 """
 
@@ -46,6 +46,7 @@ class SupernetConfig(ModelConfig):
     strides: tuple[int, ...] = Field((1, 2, 2, 2), description="stride of each stage's first block")
     norm: Literal["pn", "sbn", "bn", "none"] = Field("pn", description="pn: parametric normalization (FedSup Eq. 4-5)")
     dropout: float = Field(0.0, ge=0, lt=1)
+    elastic_last: bool = Field(True, description="false: sub-nets keep the last stage's largest width and kernel (the public code's off-by-one)")
 
     @model_validator(mode="after")
     def _stages(self) -> "SupernetConfig":
@@ -80,24 +81,31 @@ class Subnet:
         return supernet.model_copy(update={"widths": single(self.widths), "depths": single(self.depths), "kernels": single(self.kernels)})
 
 
+def frozen_last(config: SupernetConfig, subnet: Subnet) -> Subnet:
+    """With `elastic_last: false`, the last stage at its largest width and kernel (the code's bug)."""
+    if config.elastic_last:
+        return subnet
+    return Subnet((*subnet.widths[:-1], max(config.widths[-1])), subnet.depths, (*subnet.kernels[:-1], max(config.kernels[-1])))
+
+
 def largest(config: SupernetConfig) -> Subnet:
     return Subnet(tuple(map(max, config.widths)), tuple(map(max, config.depths)), tuple(map(max, config.kernels)))
 
 
 def smallest(config: SupernetConfig) -> Subnet:
-    return Subnet(tuple(map(min, config.widths)), tuple(map(min, config.depths)), tuple(map(min, config.kernels)))
+    return frozen_last(config, Subnet(tuple(map(min, config.widths)), tuple(map(min, config.depths)), tuple(map(min, config.kernels))))
 
 
 def medium(config: SupernetConfig) -> Subnet:
     """FedSup's "M": the shallowest depth, the largest width, the middle kernel (medium FLOPs)."""
     mid = tuple(sorted(ks)[len(ks) // 2] for ks in config.kernels)
-    return Subnet(tuple(map(max, config.widths)), tuple(map(min, config.depths)), mid)
+    return frozen_last(config, Subnet(tuple(map(max, config.widths)), tuple(map(min, config.depths)), mid))
 
 
 def random_subnet(config: SupernetConfig, g: np.random.Generator) -> Subnet:
     """Width, depth and kernel of every stage drawn uniformly from its choices."""
     pick = lambda choices: tuple(int(c[g.integers(len(c))]) for c in choices)  # noqa: E731
-    return Subnet(pick(config.widths), pick(config.depths), pick(config.kernels))
+    return frozen_last(config, Subnet(pick(config.widths), pick(config.depths), pick(config.kernels)))
 
 
 def all_subnets(config: SupernetConfig) -> list[Subnet]:

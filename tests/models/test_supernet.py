@@ -66,6 +66,16 @@ def test_subnet_space_and_its_named_children():
     assert medium(SMALL) == Subnet((16, 32, 64, 256), (1, 1, 1, 1), (5, 5, 5, 5))
 
 
+def test_the_codes_frozen_last_stage_is_an_option():
+    frozen = SMALL.model_copy(update={"elastic_last": False})
+    assert smallest(frozen) == Subnet((8, 16, 32, 256), (1, 1, 1, 1), (3, 3, 3, 7))
+    g = np.random.default_rng(0)
+    from rayfl.models.supernet import random_subnet
+
+    draws = [random_subnet(frozen, g) for _ in range(20)]
+    assert all(d.widths[-1] == 256 and d.kernels[-1] == 7 for d in draws) and len({d.depths[-1] for d in draws}) == 2
+
+
 def test_sequences_and_the_cifar_supernet_build():
     y = build_model(SMALL, (1, 40), 10)(torch.randn(2, 1, 40))
     assert y.shape == (2, 10)
