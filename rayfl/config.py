@@ -110,13 +110,13 @@ class ModelConfig(Strict):
     """Base of every model family's config; families add their own keys."""
 
     name: str = "cnn"
-    pretrained: Path | None = Field(
+    init_weights: Path | None = Field(
         None, description="a state dict saved with torch.save: the global model starts from its tensors whose names and shapes match (a new head keeps its initialisation)"
     )
 
-    @field_validator("pretrained")
+    @field_validator("init_weights")
     @classmethod
-    def _pretrained_exists(cls, v: Path | None) -> Path | None:
+    def _init_weights_exist(cls, v: Path | None) -> Path | None:
         if v is not None and not Path(v).expanduser().is_file():
             raise ValueError(f"{v} is not a file")
         return v

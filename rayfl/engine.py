@@ -120,16 +120,16 @@ class Federation:
 
     def initial_weights(self) -> dict[str, np.ndarray]:
         """The global model's initial weights, seeded by (seed, "init"), with the tensors of
-        `model.pretrained` whose names and shapes match (FeDepth's depth-wise fine-tuning)."""
+        `model.init_weights` whose names and shapes match (FeDepth's depth-wise fine-tuning)."""
         with rng.seeded_torch(self.config.seed, "init"):
             weights = to_numpy(self.models.build(self.policy.global_model()))
-        if self.config.model.pretrained is not None:
+        if self.config.model.init_weights is not None:
             import torch  # the driver only; a pretrained state is read once
 
-            saved = torch.load(Path(self.config.model.pretrained).expanduser(), map_location="cpu", weights_only=True)
+            saved = torch.load(Path(self.config.model.init_weights).expanduser(), map_location="cpu", weights_only=True)
             matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
             if not matched:
-                raise ConfigError(f"model.pretrained: no tensor of {self.config.model.pretrained} matches model {self.config.model.name}")
+                raise ConfigError(f"model.init_weights: no tensor of {self.config.model.init_weights} matches model {self.config.model.name}")
             weights.update((k, v.astype(weights[k].dtype)) for k, v in matched.items())
         return weights
 

@@ -5,8 +5,8 @@ Input to tokens: a sequence (C, L) is cut into L / `patch` tokens of C x `patch`
 embedding to `width` plus a learned position embedding form the stem; `depth` pre-norm encoder
 layers (multi-head self-attention, then a GELU feed-forward block, each added to the residual
 stream after a LayerNorm) follow; the head is a LayerNorm, the mean over tokens and a linear
-classifier. Trained from scratch, or from `pretrained` weights (FeDepth's depth-wise fine-tuning;
-`enter` and `exit` are its stem and skip to the head).
+classifier. Trained from scratch, or from pretrained weights (`init_weights`: FeDepth's depth-wise
+fine-tuning, where `enter` and `exit` are its stem and skip to the head).
 
 Depth (InclusiveFL): layers are `layers.<i>.` with one shape, so a model of depth L is the first
 L layers of a deeper one. Width (HeteroFL): `rate` scales the model width, the per-head width

@@ -233,7 +233,7 @@ def test_depthwise_fine_tuning_of_a_pretrained_transformer(tmp_path):
     pretrained = {k: torch.full_like(v, 0.01) if k.startswith("layers.") else v for k, v in pretrained.items()}
     pretrained["head.fc.weight"] = torch.zeros(3, 64)  # another task's head: not taken
     torch.save(pretrained, tmp_path / "vit.pt")
-    fed, state = federation("algorithm.name=fedepth", "model.name=transformer", f"model.pretrained={tmp_path / 'vit.pt'}", *BIG_BATCH)
+    fed, state = federation("algorithm.name=fedepth", "model.name=transformer", f"model.init_weights={tmp_path / 'vit.pt'}", *BIG_BATCH)
     assert np.all(state.weights["layers.3.ff1.weight"] == np.float32(0.01))
     assert state.weights["head.fc.weight"].shape == (10, 64) and state.weights["head.fc.weight"].any()
     runner = ClientRunner.of(fed)
@@ -242,7 +242,7 @@ def test_depthwise_fine_tuning_of_a_pretrained_transformer(tmp_path):
     assert not np.array_equal(one.weights["position"], state.weights["position"])  # the stem trained in stage 1
     for k in ("position", "embed.weight", "layers.1.attn.q"):
         assert np.array_equal(one.weights[k], two.weights[k])  # frozen through stage 2
-    with pytest.raises(ConfigError, match="model.pretrained"):
-        load_config(None, ["model.name=transformer", f"model.pretrained={tmp_path / 'missing.pt'}"])
+    with pytest.raises(ConfigError, match="model.init_weights"):
+        load_config(None, ["model.name=transformer", f"model.init_weights={tmp_path / 'missing.pt'}"])
     with pytest.raises(ConfigError, match="mfedepth trains preresnet20"):
         load_config(None, ["algorithm.name=mfedepth", "model.name=transformer"])

@@ -50,10 +50,11 @@ def one_round(name, extra):
 
 def trainable(state):
     """Float tensors of the global model and of the models kept per client (Local-only trains
-    only those), by value rather than by the engine's module names (SplitMix keeps K copies)."""
+    only those; MergeSFL's per-client statistics are not models), by value rather than by the
+    engine's module names (SplitMix keeps K copies)."""
     out = {k: v for k, v in state.weights.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not k.endswith(("running_mean", "running_var"))}
     for c, kept in state.clients.items():
-        if isinstance(kept, dict) and all(isinstance(v, np.ndarray) for v in kept.values()):
+        if isinstance(kept, dict) and set(kept) <= set(state.weights):  # a model kept per client, not per-client statistics
             out.update((f"client {c}/{k}", v) for k, v in kept.items() if np.issubdtype(v.dtype, np.floating) and not k.endswith(("running_mean", "running_var")))
     return out
 

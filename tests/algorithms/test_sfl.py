@@ -44,9 +44,11 @@ def test_the_emulated_clock_paces_split_rounds(tmp_path):
     sets = ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]
     run_local(load_config(None, sets), tmp_path)
     m = pd.read_parquet(tmp_path / "metrics.parquet")
-    wall = m["wall_time_s"].diff().fillna(m["wall_time_s"].iloc[0])
     assert len(m) == 3 and (m["round_time_s"] > 1.0).all()
-    assert (wall >= scale * m["round_time_s"]).all()
+    # Rounds run one after another, each held for its scaled virtual duration from its dispatch; a
+    # row is written when its round is recorded (evaluation overlaps the next dispatch), so the
+    # guarantee shows in the cumulative wall time, not in the gaps between rows.
+    assert (m["wall_time_s"] >= scale * m["round_time_s"].cumsum()).all()
 
 
 def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():
