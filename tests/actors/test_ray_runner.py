@@ -92,8 +92,8 @@ FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
         ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
         ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
         # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's
-        # models); Per-FedAvg's meta-steps; the personalization metrics from both runners alike.
-        *([f"algorithm.name={a}", "federation.rounds=2", "data.partition.kind=shards", "federation.personalize_epochs=1", "data.num_clients=10", "federation.clients_per_round=4"] for a in ("ditto", "lgfedavg", "localonly", "perfedavg")),
+        # models); Per-FedAvg's meta-steps; the personalization metrics (Ditto's) from both runners alike.
+        *([f"algorithm.name={a}", "federation.rounds=2", "data.partition.kind=shards", f"federation.personalize_epochs={int(a == 'ditto')}", "data.num_clients=10", "federation.clients_per_round=4"] for a in ("ditto", "lgfedavg", "localonly", "perfedavg")),
     ],
     ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl", "fedsup", "efedsup", "ditto", "lgfedavg", "localonly", "perfedavg"],
 )
