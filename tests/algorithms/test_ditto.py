@@ -9,18 +9,14 @@ import pytest
 import torch
 
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientResult, FederationContext, LocalState
+from rayfl.algorithms.base import ClientResult, LocalState
 from rayfl.algorithms.ditto import DittoTask, personal_step
 from rayfl.engine import build_federation, run_round
 from rayfl.evaluate import Evaluator
 from rayfl.loader import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import InProcessExecutor, run_local, torch_threads
-
-
-def context(num_examples=(10, 30, 5), test_split=None, cost_of=None):
-    n = len(num_examples)
-    return FederationContext(0, n, 2, (1,), np.array(num_examples), lambda: np.ones((n, 2)), frozenset({"w"}), np.full(n, 2**30), test_split, cost_of=cost_of)
+from tests.algorithms.tiny import TinyClients, context, linear
 
 
 def policy(ctx, **algorithm):
@@ -98,28 +94,6 @@ def test_the_global_model_is_fedavgs_and_each_client_keeps_its_own_v():
     for k in fed.context.param_names:  # v_k differ from client to client and from w
         assert not np.array_equal(ditto.clients[selected[0]][k], ditto.clients[selected[1]][k]), k
         assert not np.array_equal(ditto.clients[selected[0]][k], ditto.weights[k]), k
-
-
-class TinyClients:
-    """Clients of a 1-d, 2-class problem: a central test set and each client's training samples."""
-
-    num_classes, input_shape = 2, (1,)
-
-    def __init__(self, x_test, y_test, train):
-        self.x_test, self.y_test, self.trains = np.array(x_test, np.float32)[:, None], np.array(y_test), train
-        self.num_clients = len(train)
-
-    def test_set(self, eval_clients):
-        return self.x_test, self.y_test
-
-    def train(self, c):
-        x, y = self.trains[c]
-        return np.array(x, np.float32)[:, None], np.array(y)
-
-
-def linear(w1, b):
-    """mlp(hidden=[]) weights: logits = [w1[0] x + b[0], w1[1] x + b[1]]."""
-    return {"1.weight": np.array(w1, np.float32)[:, None], "1.bias": np.array(b, np.float32)}
 
 
 def test_personalize_scores_each_clients_own_v_and_the_global_model_for_the_unselected():

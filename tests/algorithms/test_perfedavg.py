@@ -12,7 +12,7 @@ from rayfl.evaluate import Evaluator
 from rayfl.loader import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import run_local
-from tests.algorithms.test_ditto import TinyClients, context, linear
+from tests.algorithms.tiny import TinyClients, context, linear
 
 
 def softmax(z):
