@@ -246,7 +246,7 @@ class FedSupPolicy(ServerPolicy):
         """E-FedSup: its sub-net's training. FedSup: every iteration's M sub-nets on its batch
         (replaying the client's draws; iterations of equal size)."""
         if self.efficient:
-            return result.num_samples * self.costs(self.tier_subnet(task.round, task.client_id))[0], nbytes(task.weights), nbytes(result.weights)
+            return result.num_samples * self.costs(Subnet.of(task.model))[0], nbytes(task.weights), nbytes(result.weights)
         from ..client import epoch_batches  # lazily: rayfl.client imports the algorithms
 
         n = result.num_examples or 1

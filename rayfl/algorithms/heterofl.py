@@ -152,7 +152,7 @@ class HeteroFLPolicy(ServerPolicy):
         if config.algorithm.match_depths:
             self.levels = matched_levels(self.levels, config, context)
         if config.algorithm.mode == "budget":
-            self.levels, self.fixed = budget_levels(client_rates(config, context))
+            self.levels, by_budget = budget_levels(client_rates(config, context))
         g = self.levels[0].rate
         self.variants = [config.model.model_copy(update={"rate": l.rate, "scaler": l.rate / g}) for l in self.levels]
         self.shapes = [self._shapes(v) for v in self.variants]
@@ -167,7 +167,7 @@ class HeteroFLPolicy(ServerPolicy):
             if (self.fixed < 0).all():
                 raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
         elif mode == "budget":
-            pass  # dealt with the levels
+            self.fixed = by_budget
         elif mode == "class":
             classes = configured_profile(config.devices).classes
             if len(classes) != len(self.levels):

@@ -75,6 +75,12 @@ class Subnet:
     depths: tuple[int, ...]
     kernels: tuple[int, ...]
 
+    @classmethod
+    def of(cls, static: SupernetConfig) -> "Subnet":
+        """The sub-net a static config (one choice per stage, `config`'s output) stands for."""
+        first = lambda choices: tuple(c[0] for c in choices)  # noqa: E731
+        return cls(first(static.widths), first(static.depths), first(static.kernels))
+
     def config(self, supernet: SupernetConfig) -> SupernetConfig:
         """The static model of this sub-net (its state is `crop` of the supernet's)."""
         single = lambda xs: tuple((x,) for x in xs)  # noqa: E731

@@ -43,6 +43,7 @@ def test_a_subnet_is_the_crop_of_the_supernet():
     net = build_model(SMALL, (1, 8, 8), 10)
     sub = Subnet(widths=(8, 16, 32, 128), depths=(1, 1, 2, 1), kernels=(3, 5, 7, 3))
     static = build_model(sub.config(SMALL), (1, 8, 8), 10)
+    assert Subnet.of(sub.config(SMALL)) == sub  # the static config names its sub-net back
     full = net.state_dict()
     cropped = extract({k: v.numpy() for k, v in full.items()}, {k: v.shape for k, v in static.state_dict().items()}, where=crop)
     static.load_state_dict({k: torch.from_numpy(v) for k, v in cropped.items()})
