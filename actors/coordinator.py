@@ -22,27 +22,46 @@ from rayfl.runner import Start, run_federation, torch_threads
 
 
 class DashboardMetrics:
-    """Gauges and counters on Ray's metrics endpoint, tagged with run id and algorithm."""
+    """The round rows as series on Ray's metrics endpoint, tagged with run id and algorithm.
+
+    Ray serves each name with a `ray_` prefix (and counters with a `_total` suffix) on every
+    node's Prometheus endpoint: `rayfl_test_accuracy` is scraped as `ray_rayfl_test_accuracy`,
+    `rayfl_bytes` as `ray_rayfl_bytes_total`. `cluster/grafana/rayfl.json` charts them.
+    """
 
     TAGS = ("run_id", "algorithm")
+    GAUGES = {  # name -> (description, the row's column)
+        "rayfl_round": ("last finished round", "round"),
+        "rayfl_test_accuracy": ("test accuracy of the global model (evaluated rounds)", "test_accuracy"),
+        "rayfl_test_loss": ("test loss of the global model (evaluated rounds)", "test_loss"),
+        "rayfl_train_loss": ("mean training loss of the round's accepted clients", "train_loss"),
+        "rayfl_virtual_time_s": ("virtual clock at the end of the round, seconds", "virtual_time_s"),
+        "rayfl_round_virtual_s": ("the round's duration on the virtual clock (its slowest client), seconds", "round_time_s"),
+        "rayfl_mean_wait_s": ("the round's mean client waiting time on the virtual clock, seconds", "mean_wait_s"),
+    }
+    OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped"}
 
-    def __init__(self, run_id: str, algorithm: str):
+    def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):
         self.tags = {"run_id": run_id, "algorithm": algorithm}
-        self.round = ray_metrics.Gauge("rayfl_round", "last finished round", tag_keys=self.TAGS)
-        self.accuracy = ray_metrics.Gauge("rayfl_test_accuracy", "test accuracy of the global model", tag_keys=self.TAGS)
-        self.virtual_time = ray_metrics.Gauge("rayfl_virtual_time_s", "virtual clock, seconds", tag_keys=self.TAGS)
+        self.wall_time_s = wall_time_s  # the run's wall clock at the previous row
+        self.gauges = {name: ray_metrics.Gauge(name, text, tag_keys=self.TAGS) for name, (text, _) in self.GAUGES.items()}
+        self.round_wall = ray_metrics.Gauge("rayfl_round_wall_s", "wall seconds between this round's row and the previous one", tag_keys=self.TAGS)
+        self.actors_alive = ray_metrics.Gauge("rayfl_actors_alive", "client actors whose last call did not die", tag_keys=self.TAGS)
         self.bytes = ray_metrics.Counter("rayfl_bytes", "bytes exchanged with clients", tag_keys=self.TAGS)
-        self.updates = ray_metrics.Counter("rayfl_client_updates", "client updates aggregated", tag_keys=self.TAGS)
+        self.clients = ray_metrics.Counter("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped)", tag_keys=(*self.TAGS, "status"))
 
-    def record(self, row: Mapping[str, Any]) -> None:
-        self.round.set(row["round"], tags=self.tags)
-        if row["test_accuracy"] == row["test_accuracy"]:  # not NaN
-            self.accuracy.set(row["test_accuracy"], tags=self.tags)
-        self.virtual_time.set(row["virtual_time_s"], tags=self.tags)
+    def record(self, row: Mapping[str, Any], actors_alive: int) -> None:
+        for name, (_, column) in self.GAUGES.items():
+            if row[column] == row[column]:  # not NaN: a round without evaluation keeps the last accuracy
+                self.gauges[name].set(row[column], tags=self.tags)
+        self.round_wall.set(row["wall_time_s"] - self.wall_time_s, tags=self.tags)
+        self.wall_time_s = row["wall_time_s"]
+        self.actors_alive.set(actors_alive, tags=self.tags)
         if row["bytes_up"] + row["bytes_down"] > 0:  # Ray's counters refuse an increment of 0
             self.bytes.inc(row["bytes_up"] + row["bytes_down"], tags=self.tags)
-        if row["num_clients"] > 0:
-            self.updates.inc(row["num_clients"], tags=self.tags)
+        for status, column in self.OUTCOMES.items():
+            if row[column] > 0:
+                self.clients.inc(row[column], tags={**self.tags, "status": status})
 
 
 @ray.remote(max_concurrency=2)
@@ -54,8 +73,8 @@ class Coordinator:
         self.fed = ray.get(self.federation_ref)
         self.run_dir = run_dir
         self.run_id = run_id
-        self.clients = clients
-        self.metrics = DashboardMetrics(run_id, self.fed.config.algorithm.name)
+        self.metrics: DashboardMetrics | None = None
+        self.executor = RayExecutor(clients, self.federation_ref, self.fed.policy)
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -71,11 +90,13 @@ class Coordinator:
             self.fed.evaluator(self.fed.initial_weights(), self.fed.policy.global_model())
 
     def run(self, start: Start) -> dict[str, Any]:
+        elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
+        self.metrics = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, elapsed)
         with torch_threads():
-            return run_federation(self.fed, RayExecutor(self.clients, self.federation_ref, self.fed.policy), self.run_dir, start, self._on_round)
+            return run_federation(self.fed, self.executor, self.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
-        self.metrics.record(row)
+        self.metrics.record(row, self.executor.alive())
         with self._lock:
             self._rows.append(dict(row))
 

@@ -90,6 +90,11 @@ class RayExecutor:
         self.box = [federation_ref]  # boxed: each actor resolves it itself, once
         self.policy = policy
         self.max_attempts = max_attempts
+        self.down: set[int] = set()  # ids of the actors whose last call died (restarting, or gone)
+
+    def alive(self) -> int:
+        """Client actors in the pool whose last call did not die."""
+        return sum(id(a) not in self.down for a in self.actors)
 
     def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:
         """Each distinct weights dict of the round in the object store once, by id."""
@@ -197,13 +202,15 @@ class _Dispatch:
                 try:
                     ray.get(ready[0])
                 except RayActorError:
-                    pass
+                    self.ex.down.add(id(actor))
                 self.idle.append(actor)
                 continue
             try:
                 outcome = ray.get(ready[0])
                 self.strikes[id(actor)] = 0
+                self.ex.down.discard(id(actor))
             except RayActorError:
+                self.ex.down.add(id(actor))
                 self.strikes[id(actor)] = self.strikes.get(id(actor), 0) + 1
                 if self.strikes[id(actor)] < self.ex.max_attempts:
                     self.idle.append(actor)
@@ -216,6 +223,7 @@ class _Dispatch:
                     self.out[k] = self.ex.failed(self.groups[k], f"actor died {self.ex.max_attempts} times")
                 continue
             except RayTaskError as exc:
+                self.ex.down.discard(id(actor))
                 self.idle.append(actor)
                 self.out[k] = self.ex.failed(self.groups[k], f"{type(exc.cause).__name__}: {exc.cause}")
                 continue

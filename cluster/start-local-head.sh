@@ -2,6 +2,8 @@
 # Start a local Ray head node for rayfl: dashboard on 127.0.0.1 only, token authentication on.
 #   cluster/start-local-head.sh [NUM_CPUS] [NUM_GPUS]
 # Then: rayfl submit CONFIG.yaml --address http://127.0.0.1:8265 --wait
+# Metrics (README, "Watching a run"): Prometheus and Grafana with the configs Ray writes under
+# /tmp/ray/session_latest/metrics; this script adds cluster/grafana/rayfl.json to Ray's dashboards.
 # Stop with `ray stop` (note: it stops every Ray process on this host).
 set -euo pipefail
 cpus=${1:-$(nproc)}
@@ -15,4 +17,8 @@ ray start --head \
   --num-cpus "$cpus" --num-gpus "$gpus" \
   --dashboard-host 127.0.0.1 --dashboard-port "${RAYFL_DASHBOARD_PORT:-8265}" \
   --disable-usage-stats
+# rayfl's Grafana dashboard beside Ray's own (Ray provisions every JSON in this folder).
+dashboards="${RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR:-${RAY_TMPDIR:-/tmp}/ray/session_latest/metrics/grafana/dashboards}"
+for _ in $(seq 50); do [ -d "$dashboards" ] && break; sleep 0.2; done
+cp "$(dirname "$0")/grafana/rayfl.json" "$dashboards/" && echo "Grafana dashboard: $dashboards/rayfl.json"
 echo "dashboard: http://127.0.0.1:${RAYFL_DASHBOARD_PORT:-8265} (send the token: Authorization: Bearer \$(cat ~/.ray/auth_token))"

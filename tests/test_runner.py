@@ -99,7 +99,7 @@ def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
         fed, start = prepare(cfg, tmp_path)
         summary = run_federation(fed, PoisonOne(fed), tmp_path, start)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
-    assert metrics["num_failed"].tolist() == [1, 1] and metrics["num_clients"].tolist() == [3, 3]
+    assert metrics["num_rejected"].tolist() == [1, 1] and metrics["num_failed"].tolist() == [0, 0] and metrics["num_clients"].tolist() == [3, 3]
     assert set(clients.loc[clients.client_id == 0, "status"]) == {"rejected"}
     assert clients.loc[clients.client_id == 0, "reason"].str.contains("non-finite").all()
     assert math.isfinite(summary["final_test_accuracy"]) and summary["final_test_accuracy"] > 0.3
