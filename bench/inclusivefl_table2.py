@@ -7,10 +7,10 @@ best accuracy, the final accuracy of the model each device group deploys (weak /
 strong: InclusiveFL's sub-global models, HeteroFL's levels c / b / a, AllSmall's one model for
 all, AllLarge's and ExclusiveFL's for the strong group only), and the rounds InclusiveFL and its
 w/o-MD run take to reach the w/o-MD run's best accuracy (Table 4's direction). `--data mnist1d`
-swaps the dataset; `--set KEY=VALUE` applies to every run. Writes accuracy-vs-round plots of
-seed 0 into --plots.
+swaps the dataset; `--set KEY=VALUE` applies to every run. With --runs DIR the runs are kept
+there and `rayfl compare`'s table and plots of them are written into DIR/compare.
 
-    python bench/inclusivefl_table2.py [--data digits] [--seeds 3] [--procs 2] [--set KEY=VALUE ...] [--plots DIR]
+    python bench/inclusivefl_table2.py [--data digits] [--seeds 3] [--procs 2] [--set KEY=VALUE ...] [--runs DIR]
 """
 
 from __future__ import annotations
@@ -75,17 +75,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
-    parser.add_argument("--plots", default=None, help="folder for accuracy_vs_round.png")
+    parser.add_argument("--runs", default=None, help="keep the runs here; rayfl compare's table and plots go to RUNS/compare")
     args = parser.parse_args()
     sets = [f"data.name={args.data}", *args.set]
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(label, seed, sets, f"{tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in RUNS]
+        jobs = [(label, seed, sets, f"{args.runs or tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in RUNS]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
-        if args.plots:
-            from rayfl.metrics import plot_runs
+        if args.runs:
+            from rayfl.compare import compare
 
-            plot_runs([j[3] for j in jobs if j[1] == 0], args.plots)
+            compare([j[3] for j in jobs], Path(args.runs) / "compare", last=5)
     print(f"{args.data}, examples/inclusivefl, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds")
     print("| run | final accuracy | best accuracy | weak | medium | strong |")
     print("|---|---|---|---|---|---|")

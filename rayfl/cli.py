@@ -1,4 +1,4 @@
-"""Command line: `rayfl run | tune | list | plot | submit` (console script `rayfl`, also `python -m rayfl`).
+"""Command line: `rayfl run | tune | list | compare | submit` (console script `rayfl`, also `python -m rayfl`).
 
 Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or file),
 1 on a failure during the run. No traceback unless `--debug`.
@@ -123,12 +123,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plot(args: argparse.Namespace) -> int:
-    from .metrics import plot_runs
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare
 
-    out = Path(args.out) if args.out else Path(args.run_dirs[0])
-    for path in plot_runs(args.run_dirs, out):
-        print(path)
+    text, written = compare(args.run_dirs, args.out, target=args.target, last=args.last, columns=args.column)
+    print(text)
+    print(f"{args.out}: {', '.join(p.name for p in written)}")
     return 0
 
 
@@ -205,10 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)
 
-    plot = sub.add_parser("plot", help="accuracy vs round and vs virtual time, one line per run")
-    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    plot.add_argument("--out", help="folder for the PNGs (default: the first RUN_DIR)")
-    plot.set_defaults(func=cmd_plot)
+    compare = sub.add_parser("compare", help="runs side by side: a table (seeds of a config pooled) and accuracy plots")
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    compare.add_argument("--target", type=float, metavar="ACC", help="accuracy for time / rounds to target (default: each run's federation.target_accuracy)")
+    compare.add_argument("--last", type=int, default=1, metavar="K", help="final accuracy: the mean of the last K evaluated rounds (default 1)")
+    compare.add_argument("--column", action="append", default=[], metavar="NAME", help="add the mean over rounds of this metrics.parquet column (e.g. kl)")
+    compare.add_argument("--out", default="compare", help="folder for compare.csv, compare.md and the PNGs (default: ./compare)")
+    compare.set_defaults(func=cmd_compare)
     return parser
 
 

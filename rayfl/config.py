@@ -245,6 +245,10 @@ class RayConfig(Strict):
     )
 
 
+class MetricsConfig(Strict):
+    tensorboard: bool = Field(True, description="write each round's scalars and the config as TensorBoard events under RUN_DIR/tb")
+
+
 class RunConfig(Strict):
     seed: int = Field(0, ge=0)
     data: DataConfig = DataConfig()
@@ -255,6 +259,7 @@ class RunConfig(Strict):
     clock: Literal["virtual", "emulate"] = "virtual"
     clock_scale: float = Field(1.0, gt=0, description="under clock: emulate, wall seconds per virtual second")
     ray: RayConfig = RayConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     @model_validator(mode="after")
     def _round_fits_population(self) -> "RunConfig":

@@ -1,5 +1,5 @@
 """Run outputs: round and client records -> `metrics.parquet`, `clients.parquet`, `summary.json`,
-and plots of accuracy against round and virtual time.
+and TensorBoard events (`tb/`).
 
 The tables are rewritten after every round, so a run that fails part-way keeps every round
 it finished.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -97,35 +98,30 @@ class Recorder:
         return out
 
 
+class TensorBoard:
+    """Each round's row as TensorBoard scalars (tag: the column, with an algorithm's per-level or
+    per-group `test_accuracy@a` as `test_accuracy/a`; step: the round; NaN left out) and the run's config as text, in RUN_DIR/tb: `tensorboard --logdir RUN_DIR/tb`. Per-level or
+    per-group accuracy columns of an algorithm appear as their own scalars. A resumed run purges
+    the events of the rounds it recomputes, so each round appears once."""
+
+    def __init__(self, log_dir: str | Path, config_yaml: str, first_round: int):
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), purge_step=first_round if first_round > 1 else None)
+        self.writer.add_text("config", f"```yaml\n{config_yaml}```", global_step=first_round - 1)
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        for key, value in row.items():
+            if key != "round" and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+                self.writer.add_scalar(key.replace("@", "/"), float(value), global_step=row["round"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:
     path = Path(run_dir) / "metrics.parquet"
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no metrics.parquet (not a rayfl run directory?)")
     return pd.read_parquet(path)
-
-
-def plot_runs(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
-    """Two PNGs: test accuracy vs round and vs virtual time, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    frames = {Path(d).name: read_metrics(d).dropna(subset=["test_accuracy"]) for d in run_dirs}
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for x, label in (("round", "round"), ("virtual_time_s", "virtual time (s)")):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, df in frames.items():
-            ax.plot(df[x], df["test_accuracy"], label=name)
-        ax.set_xlabel(label)
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        path = out_dir / f"accuracy_vs_{'round' if x == 'round' else 'virtual_time'}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
-    return written

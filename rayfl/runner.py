@@ -24,7 +24,7 @@ from .algorithms.exchange import LocalRelay, RoundDriver
 from .client import TORCH_THREADS, ClientRunner
 from .config import ConfigError, RunConfig, dump_config
 from .engine import Executor, Federation, GroupOutcome, Pace, RoundOutcome, build_federation, dispatch, evaluate, run_group, settle_round
-from .metrics import Recorder
+from .metrics import Recorder, TensorBoard
 
 Progress = Callable[[Mapping[str, Any]], None]
 
@@ -98,6 +98,7 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(fed.config, run_dir / "config.yaml")
     state, virtual_time, recorder = start.state, start.virtual_time_s, start.recorder
+    board = TensorBoard(run_dir / "tb", (run_dir / "config.yaml").read_text(), state.round + 1) if fed.config.metrics.tensorboard else None
     elapsed = recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0
     fed_cfg = fed.config.federation
     t0 = time.perf_counter() - elapsed
@@ -106,20 +107,26 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
         out = evaluate(fed, out)
         row = {**out.row, "wall_time_s": time.perf_counter() - t0}
         recorder.record(row, out.clients)
+        if board is not None:
+            board.add(row)
         if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
             checkpoint.save(run_dir, out.state, row["virtual_time_s"])
         if progress is not None:
             progress(row)
 
     done: RoundOutcome | None = None
-    for rnd in range(state.round + 1, fed_cfg.rounds + 1):
-        next_round = dispatch(fed, state, rnd, executor)
+    try:
+        for rnd in range(state.round + 1, fed_cfg.rounds + 1):
+            next_round = dispatch(fed, state, rnd, executor)
+            if done is not None:
+                finish(done)
+            done = settle_round(fed, state, next_round, virtual_time)
+            state, virtual_time = done.state, done.row["virtual_time_s"]
         if done is not None:
             finish(done)
-        done = settle_round(fed, state, next_round, virtual_time)
-        state, virtual_time = done.state, done.row["virtual_time_s"]
-    if done is not None:
-        finish(done)
+    finally:
+        if board is not None:
+            board.close()
     cost = fed.cost_of(fed.policy.global_model())
     extra = {
         "dataset": fed.config.data.name,

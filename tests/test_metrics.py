@@ -51,3 +51,32 @@ def test_a_recorder_writes_where_it_was_made_whatever_the_working_directory(tmp_
     rec.record({"round": 1, "test_accuracy": 0.5}, [{"round": 1, "client_id": 0}])
     assert (tmp_path / "runs" / "x" / "metrics.parquet").is_file()
     assert not (tmp_path / "elsewhere" / "runs").exists()
+
+
+def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_recomputes(tmp_path):
+    import numpy as np
+    import pandas as pd
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rayfl.loader import parse_config
+    from rayfl.runner import run_local
+
+    raw = {"algorithm": {"name": "heterofl", "levels": "a1-e1"}, "model": {"name": "mlp"}, "data": {"num_clients": 4}}
+    raw["federation"] = {"clients_per_round": 2, "rounds": 3, "checkpoint_every": 2, "local_epochs": 1}
+    run_local(parse_config(raw), tmp_path)
+    (tmp_path / "checkpoints" / "round_00003.pt").unlink()  # as if stopped after round 2's checkpoint
+    run_local(parse_config(raw), tmp_path, resume=True)  # recomputes round 3
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
+    tags = events.Tags()["scalars"]
+    assert {"test_accuracy", "test_accuracy/a", "test_accuracy/e", "virtual_time_s", "bytes_up", "train_loss"} <= set(tags)
+    for tag in tags:
+        column = metrics[tag.replace("/", "@")].dropna()
+        scalars = events.Scalars(tag)
+        assert [s.step for s in scalars] == metrics.loc[column.index, "round"].tolist(), tag  # once per round
+        assert np.array_equal(np.float32([s.value for s in scalars]), column.to_numpy(np.float32)), tag
+    assert "wall_time_s" in tags and "round" not in tags
+    (config,) = [t for t in events.Tags()["tensors"] if t.startswith("config")]
+    assert "name: heterofl" in events.Tensors(config)[-1].tensor_proto.string_val[0].decode()
