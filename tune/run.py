@@ -277,7 +277,7 @@ def run_experiment(exp: Experiment, resume: bool = False, address: str | None = 
                     max_concurrent_trials=exp.spec.max_concurrent_trials,
                     trial_dirname_creator=trial_dirname,
                 ),
-                run_config=tune.RunConfig(name=exp.name, storage_path=str(exp.dir.parent), verbose=verbose),
+                run_config=tune.RunConfig(name=exp.name, storage_path=str(exp.dir.parent), verbose=verbose, callbacks=exp.logger_callbacks()),
             )
         return write_results(exp, tuner.fit())
     finally:

@@ -17,11 +17,14 @@ algorithm whose package is missing. Errors are one line naming the key.
     max_concurrent_trials: 2
     scheduler: {name: asha, grace_period: 1, reduction_factor: 2}   # or none
     search_alg: none             # or optuna, hyperopt (packages installed separately)
+    callbacks: {mlflow: {tracking_uri: sqlite:///mlflow.db}}   # or wandb: {...}; beside Tune's own loggers
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +51,18 @@ is the virtual time at which the test accuracy first reached `federation.target_
 SEARCH_ALGS = {"optuna": "optuna", "hyperopt": "hyperopt"}
 """search_alg -> the package it needs."""
 
+CALLBACKS = {
+    "mlflow": ("ray.air.integrations.mlflow", "MLflowLoggerCallback", "mlflow", "experiment_name"),
+    "wandb": ("ray.air.integrations.wandb", "WandbLoggerCallback", "wandb", "project"),
+}
+"""callbacks key -> Ray's logger callback (module, class), the package it needs, and its option
+that names the experiment (default: the Tune experiment's name)."""
+
+
+def callback_class(name: str) -> type:
+    module, attr, _, _ = CALLBACKS[name]
+    return getattr(importlib.import_module(module), attr)
+
 
 def installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
@@ -71,6 +86,9 @@ class TuneSpec(Strict):
     name: str | None = Field(None, description="experiment name (default: the TUNE file's stem)")
     storage: str = Field("runs/tune", description="folder of experiments; the experiment dir is storage/name")
     coordinator_cpus: float = Field(0.0, ge=0, description="CPUs each trial reserves for its coordinator")
+    callbacks: dict[Literal["mlflow", "wandb"], dict[str, Any]] = Field(
+        default_factory=dict, description="Tune's MLflow / W&B logger callbacks, each with its options (e.g. {mlflow: {tracking_uri: ...}})"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "TuneSpec":
@@ -158,6 +176,19 @@ class Experiment:
             grids = [k for k, (kind, _) in self.domains.items() if kind == "grid"]
             if grids:
                 raise ConfigError(f"search.{grids[0]}: grid works only with search_alg: none; use choice")
+        for name, options in spec.callbacks.items():
+            package = CALLBACKS[name][2]
+            if not installed(package):
+                raise ConfigError(f"callbacks.{name}: needs the package {package!r}: pip install {package}")
+            try:
+                inspect.signature(callback_class(name)).bind(**options)
+            except TypeError as exc:
+                raise ConfigError(f"callbacks.{name}: {exc}") from None
+
+    def logger_callbacks(self) -> list[Any]:
+        """Tune's logger callbacks of `callbacks`, each naming its experiment after this one
+        unless its options do."""
+        return [callback_class(name)(**{CALLBACKS[name][3]: self.name, **options}) for name, options in self.spec.callbacks.items()]
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:

@@ -111,3 +111,18 @@ def test_results_rows_carry_the_final_value_of_each_groups_metric():
     assert metric_columns(history, "test_loss@weak", min) == {"final_test_loss@weak": 1.2, "best_test_loss@weak": 1.2}
     empty = metric_columns(pd.DataFrame(), "test_accuracy", max)
     assert set(empty) == {"final_test_accuracy", "best_test_accuracy"} and all(math.isnan(v) for v in empty.values())
+
+
+def test_logger_callbacks_need_their_package_and_take_only_their_options(tmp_path, monkeypatch, capsys):
+    from tune import spec
+
+    good = {"federation.lr": {"grid": [0.1]}}
+    monkeypatch.setattr(spec, "installed", lambda package: package != "wandb")
+    with pytest.raises(ConfigError, match=r"callbacks.wandb: needs the package 'wandb': pip install wandb"):
+        load_experiment(write(tmp_path, good, callbacks={"wandb": {}}))
+    with pytest.raises(ConfigError, match=r"callbacks.mlflow: got an unexpected keyword argument 'tracking'"):
+        load_experiment(write(tmp_path, good, callbacks={"mlflow": {"tracking": "x"}}))
+    path = write(tmp_path, good, callbacks={"tensorboard": {}})
+    assert main(["tune", str(path)]) == 2 and "callbacks.tensorboard" in capsys.readouterr().err
+    exp = load_experiment(write(tmp_path, good, callbacks={"mlflow": {"tracking_uri": "sqlite:///x.db"}}))
+    assert exp.spec.callbacks == {"mlflow": {"tracking_uri": "sqlite:///x.db"}}
