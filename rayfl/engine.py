@@ -25,7 +25,7 @@ import numpy as np
 
 from . import rng
 from .algorithms import registry
-from .algorithms.aggregate import add_up, invalid_reason
+from .algorithms.aggregate import accumulate, add_up, invalid_reason
 from .algorithms.base import ClientFailure, ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
 from .algorithms.exchange import RoundDriver
 from .config import ConfigError, ModelConfig, RunConfig
@@ -94,14 +94,14 @@ def run_group(runner: Any, policy: ServerPolicy, tasks: Sequence[ClientTask]) ->
     """Run a group's tasks one after another (or vectorized, by the runner) and settle each; for a
     policy whose aggregate is a sum, add the accepted clients' summands in task order and drop
     their weights. Both executors call this, in process and on each actor."""
-    settled, summands = [], []
+    settled, total = [], None
     for task, out in zip(tasks, runner.run_all(tasks)):
         record = settle(policy, task, out)
         if policy.sums and record.status == "ok":
-            summands.append(policy.summand(out))
+            total = accumulate(total, policy.summand(out))  # added as it comes: no summand is held
             record = replace(record, outcome=replace(out, weights={}))
         settled.append(record)
-    return GroupOutcome(settled, add_up(summands))
+    return GroupOutcome(settled, total)
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +195,6 @@ class Dispatched:
     tasks: list[ClientTask]
     driver: RoundDriver | None
     gather: Callable[[], list[GroupOutcome]]
-    started: float
 
 
 def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
@@ -211,7 +210,6 @@ def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor
     selected = policy.select(state, rnd, fed.population.available(rnd))
     tasks = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
     driver = policy.open_driver(state, rnd, tasks)
-    started = time.perf_counter()
     if driver is not None:
         gather = lambda: [GroupOutcome([settle(policy, t, o) for t, o in zip(tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))], None)]  # noqa: E731
     else:
@@ -219,7 +217,7 @@ def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor
         if cfg.clock == "emulate":
             pace = lambda group: cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)  # noqa: E731
         gather = executor.submit(groups_of(tasks, cfg.ray.clients_per_call), pace)
-    return Dispatched(rnd, selected, tasks, driver, gather, started)
+    return Dispatched(rnd, selected, tasks, driver, gather)
 
 
 def client_seconds(fed: Federation, rnd: Round, record: Settled) -> float:
@@ -240,6 +238,7 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
     """Wait for the round's clients, record them, aggregate; the row's test metrics are left for
     `evaluate` (NaN). `virtual_time_s` is the clock before the round."""
     policy, cfg, rnd = fed.policy, fed.config, d.round
+    started = time.perf_counter()  # a server-in-the-loop round's exchange runs from here
     outcomes = d.gather()
     by_client = {t.client_id: t for t in d.tasks}
     records = [r for group in outcomes for r in group.settled]
@@ -279,7 +278,7 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
         if cfg.clock == "emulate":
             # Sessions meet at the server all through the round, so it is paced as a whole:
             # it lasts its scaled virtual duration (the slowest client's) in wall time too.
-            time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - d.started)))
+            time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
         if any(isinstance(r.outcome, ClientResult) for r in records):  # a broken exchange keeps the server's side
             state = d.driver.finish(state)
 

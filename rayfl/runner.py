@@ -20,7 +20,7 @@ import torch
 
 from . import checkpoint
 from .algorithms.base import ClientFailure, ClientResult, ClientTask, ServerState
-from .algorithms.exchange import LocalRelay, RoundDriver
+from .algorithms.exchange import LocalRelay, RoundDriver, SessionFailed, client_side
 from .client import TORCH_THREADS, ClientRunner
 from .config import ConfigError, RunConfig, dump_config
 from .engine import Executor, Federation, GroupOutcome, Pace, RoundOutcome, build_federation, dispatch, evaluate, run_group, settle_round
@@ -159,14 +159,15 @@ class InProcessExecutor:
         return gather
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
-        """The round's sessions in this process; an error anywhere in the exchange fails every
-        session of the round (as a dying actor does on Ray)."""
+        """The round's sessions in this process; an error in a session fails every session of
+        the round (as a failed or dying actor does on Ray); an error of the driver ends the run
+        (as it does on Ray, where the driver runs in the coordinator)."""
         try:
-            sessions = [self.runner.open_session(t) for t in tasks]
+            sessions = [client_side(self.runner.open_session, t) for t in tasks]
             driver.drive(LocalRelay(sessions))
-            return [s.close() for s in sessions]
-        except Exception as exc:
-            return exchange_failed(tasks, f"{type(exc).__name__}: {exc}")
+            return [client_side(s.close) for s in sessions]
+        except SessionFailed as exc:
+            return exchange_failed(tasks, str(exc))
 
 
 def exchange_failed(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:

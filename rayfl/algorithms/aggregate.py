@@ -51,14 +51,21 @@ def add_up(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] |
     policy may key summands by group, InclusiveFL); a shape mismatch raises."""
     total: dict[str, np.ndarray] | None = None
     for part in parts:
-        total = {} if total is None else total
-        for k, v in part.items():
-            if k not in total:
-                total[k] = np.array(v, np.float64)
-            elif np.shape(v) != total[k].shape:
-                raise AggregationError(f"{k}: shape {np.shape(v)} != {total[k].shape} in the summands")
-            else:
-                total[k] += v
+        total = accumulate(total, part)
+    return total
+
+
+def accumulate(total: dict[str, np.ndarray] | None, part: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`total` + `part` (in place; a new float64 total for None): one step of `add_up`, for a
+    caller that adds summands as they come instead of holding them."""
+    total = {} if total is None else total
+    for k, v in part.items():
+        if k not in total:
+            total[k] = np.array(v, np.float64)
+        elif np.shape(v) != total[k].shape:
+            raise AggregationError(f"{k}: shape {np.shape(v)} != {total[k].shape} in the summands")
+        else:
+            total[k] += v
     return total
 
 
@@ -174,24 +181,3 @@ def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray] | None
         mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
         out[name] = _cast(np.where(cnt > 0, mean, old), old)
     return out
-
-
-def count_mean(
-    global_weights: Weights,
-    updates: Sequence[Weights],
-    row_masks: Sequence[Mapping[str, np.ndarray]] | None = None,
-    client_weights: Sequence[float] | None = None,
-) -> dict[str, np.ndarray]:
-    """HeteroFL's aggregation: each entry is the mean over the clients whose sub-model holds it.
-
-    theta_e = sum_m theta_m,e / N_e over the clients m holding entry e, where N_e counts them;
-    entries no client holds keep their global value. `row_masks[m]`, when given, restricts named
-    tensors (the classifier's weight rows and bias) to the rows marked True for client m: the
-    classes of its label split. HeteroFL does not weight by sample count (public code `fed.py`
-    combine); `client_weights` w_m, when given, make it sum_m w_m theta_m,e / sum_m w_m (FedAvg's
-    weighting over the holders of each entry). The sum of `count_sum`s, then `count_finish`.
-    """
-    masks = row_masks or [None] * len(updates)
-    scale = [1.0] * len(updates) if client_weights is None else [float(w) for w in client_weights]
-    shapes = {k: np.shape(v) for k, v in global_weights.items()}
-    return count_finish(global_weights, add_up(count_sum(shapes, u, m, w) for u, m, w in zip(updates, masks, scale)))

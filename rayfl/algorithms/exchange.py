@@ -12,9 +12,11 @@ are plain data (numpy arrays, numbers), since sessions may live in other process
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from .base import ClientResult, ServerState
+
+T = TypeVar("T")
 
 
 class Relay(Protocol):
@@ -63,6 +65,20 @@ def per_session(args: Sequence[tuple] | None, count: int, method: str) -> list[t
     return list(args)
 
 
+class SessionFailed(Exception):
+    """A client session's call raised in this process: what a session's failed actor call
+    (`RayTaskError`) is on Ray. It fails the round's sessions; an error of the driver itself (the
+    server's side) is not one and ends the run, in process and on Ray alike."""
+
+
+def client_side(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)` on a session's side: its error becomes `SessionFailed` (one line)."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        raise SessionFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
 class LocalRelay:
     """A relay to sessions held in this process (the in-process executor's)."""
 
@@ -70,7 +86,7 @@ class LocalRelay:
         self.sessions = list(sessions)
 
     def call(self, method: str, args: Sequence[tuple] | None = None) -> list[Any]:
-        return [invoke(s, method, a) for s, a in zip(self.sessions, per_session(args, len(self.sessions), method))]
+        return [client_side(invoke, s, method, a) for s, a in zip(self.sessions, per_session(args, len(self.sessions), method))]
 
     def post(self, method: str, args: Sequence[tuple] | None = None) -> None:
         self.call(method, args)

@@ -2,8 +2,9 @@
 
 `Clients` is what the rest of rayfl sees of the data: how many samples each client holds
 (`sizes`, one vectorized array), a client's training arrays (`train`, built on demand where
-its task runs), its label counts (`label_histogram`, computed on first use: a policy that needs
-every client's mix pays a pass over them), the central test set and, where the split defines
+its task runs), its label counts (`label_histogram`, computed on first use: one vectorized pass
+for a held partition; for lazily drawn clients a policy that needs every client's mix pays a
+draw of each), the central test set and, where the split defines
 them, per-client test indices. Three kinds:
 
 - `Partitioned`: a pooled dataset split exactly (every sample to one client: iid, dirichlet,
@@ -98,6 +99,13 @@ class Partitioned(Pooled):
 
     def indices(self, client: int) -> np.ndarray:
         return self.parts[client]
+
+    @functools.cached_property
+    def _histogram(self) -> np.ndarray:
+        """One vectorized pass over the held index arrays (no per-client loop)."""
+        owner = np.repeat(np.arange(self.num_clients), [len(p) for p in self.parts])
+        labels = self.dataset.y_train[np.concatenate(self.parts)] if self.parts else np.zeros(0, np.int64)
+        return np.bincount(owner * self.num_classes + labels, minlength=self.num_clients * self.num_classes).reshape(self.num_clients, self.num_classes)
 
 
 class Sampled(Pooled):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayfl.algorithms.aggregate import AggregationError, count_mean, extract
+from rayfl.algorithms.aggregate import AggregationError, add_up, count_finish, count_sum, extract
 from rayfl.algorithms.base import ClientResult, FederationContext
 from rayfl.algorithms.heterofl import (
     HeteroFLPolicy,
@@ -25,6 +25,14 @@ from rayfl.devices import CostCache
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig
 from rayfl.runner import run_local
+
+
+def count_mean(global_weights, updates, row_masks=None, client_weights=None):
+    """HeteroFL's aggregation as the engine composes it: the sum of the clients' `count_sum`s, then `count_finish`."""
+    masks = row_masks or [None] * len(updates)
+    scale = client_weights or [1.0] * len(updates)
+    shapes = {k: np.shape(v) for k, v in global_weights.items()}
+    return count_finish(global_weights, add_up(count_sum(shapes, u, m, w) for u, m, w in zip(updates, masks, scale)))
 
 
 def test_count_mean_overlaps_and_untouched_entries():

@@ -45,10 +45,40 @@ def test_the_emulated_clock_paces_split_rounds(tmp_path):
     run_local(load_config(None, sets), tmp_path)
     m = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(m) == 3 and (m["round_time_s"] > 1.0).all()
-    # Rounds run one after another, each held for its scaled virtual duration from its dispatch; a
+    # Rounds run one after another, each held for its scaled virtual duration from the start of its exchange; a
     # row is written when its round is recorded (evaluation overlaps the next dispatch), so the
     # guarantee shows in the cumulative wall time, not in the gaps between rows.
     assert (m["wall_time_s"] >= scale * m["round_time_s"].cumsum()).all()
+
+
+def test_a_session_error_fails_the_rounds_workers_and_a_driver_error_ends_the_run(tmp_path, monkeypatch):
+    # The in-process runner draws the line where Ray does: a session's call that raises is a
+    # failed actor call (every worker of the round fails, the run goes on); the driver runs in the
+    # coordinator, so its own error ends the run.
+    from rayfl.algorithms import split
+
+    cfg = load_config(None, ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "algorithm.tau=2", "federation.clients_per_round=3"])
+    forward = split.SplitSession.forward
+
+    def link_down_in_round_1(self):
+        if self.task.round == 1:
+            raise RuntimeError("link down")
+        return forward(self)
+
+    monkeypatch.setattr(split.SplitSession, "forward", link_down_in_round_1)
+    run_local(cfg, tmp_path / "session")
+    clients = pd.read_parquet(tmp_path / "session" / "clients.parquet")
+    first, second = clients[clients["round"] == 1], clients[clients["round"] == 2]
+    assert len(first) == 3 and (first["status"] == "failed").all() and (first["reason"] == "exchange failed: RuntimeError: link down").all()
+    assert len(second) == 3 and (second["status"] == "ok").all()
+    monkeypatch.setattr(split.SplitSession, "forward", forward)
+
+    def broken_top(self, features, labels):
+        raise ValueError("top model broke")
+
+    monkeypatch.setattr(split.TopServer, "step", broken_top)
+    with pytest.raises(ValueError, match="top model broke"):
+        run_local(cfg, tmp_path / "driver")
 
 
 def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():

@@ -31,6 +31,8 @@ def test_every_sample_goes_to_exactly_one_client(digits, spec):
     assert np.array_equal(np.sort(assigned), np.arange(len(digits.y_train)))
     assert p.label_histogram().sum() == len(digits.y_train)
     assert np.array_equal(p.label_histogram().sum(0), np.bincount(digits.y_train, minlength=10))
+    # the vectorized histogram is each client's own label count
+    assert np.array_equal(p.label_histogram(), [np.bincount(digits.y_train[part], minlength=10) for part in p.parts])
 
 
 def test_balanced_partitions_give_equal_sizes(digits):
