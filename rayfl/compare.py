@@ -89,11 +89,16 @@ def read_runs(run_dirs: Sequence[str | Path]) -> list[list[Run]]:
 
 
 def labels(groups: Sequence[Sequence[Run]]) -> list[str]:
-    """Each config's keys that differ among the configs compared (besides the algorithm), `k=v, ...`."""
+    """Each config's keys whose value differs among the configs compared, `k=v, ...`: an
+    `algorithm.*` option among the configs of the same algorithm (its ablations), any other key
+    among the configs that have it."""
     configs = [g[0].config for g in groups]
-    keys = sorted({k for c in configs for k in c} - {"algorithm.name"})
-    differ = [k for k in keys if len({repr(c.get(k, "-")) for c in configs}) > 1]
-    return [", ".join(f"{k}={c[k]}" for k in differ if k in c) for c in configs]
+
+    def differs(key: str, config: dict[str, Any]) -> bool:
+        peers = [c for c in configs if key in c and (not key.startswith("algorithm.") or c["algorithm.name"] == config["algorithm.name"])]
+        return len({repr(c[key]) for c in peers}) > 1
+
+    return [", ".join(f"{k}={c[k]}" for k in sorted(c) if k != "algorithm.name" and differs(k, c)) for c in configs]
 
 
 def table(groups: Sequence[Sequence[Run]], target: float | None = None, last: int = 1, columns: Sequence[str] = ()) -> pd.DataFrame:
@@ -145,7 +150,8 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, labels(groups))]
+    short = [label.replace("algorithm.", "") for label in labels(groups)]  # the legend's names: options without their prefix
+    names = [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
     written = []
     for axis, heading in (("round", "round"), ("virtual_time_s", "virtual time (s)"), ("bytes_mb", "traffic (MB, up + down)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -158,10 +164,9 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
         ax.set_xlabel(heading)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.14), frameon=False)  # below the axes
         path = out_dir / f"accuracy_vs_{axis.removesuffix('_s').removesuffix('_mb')}.png"
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written

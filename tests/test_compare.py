@@ -1,13 +1,14 @@
 """`rayfl compare`: seeds pooled per config, figures by hand, the plots' common grids, bad input."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from rayfl.cli import main
-from rayfl.compare import curves, read_runs, table
+from rayfl.compare import Run, curves, labels, read_runs, table
 from rayfl.config import dump_config
 from rayfl.loader import parse_config
 
@@ -41,7 +42,7 @@ def runs(tmp_path):
         fake_run(tmp_path / "a0", {"seed": 0}, [0.5, NAN, 0.8], [10.0, 20.0, 30.0]),
         # another seed of the same config; the actor count does not change what a run computes
         fake_run(tmp_path / "a1", {"seed": 1, "ray": {"num_actors": 2}}, [0.6, 0.76, 0.9], [12.0, 24.0, 36.0], bytes_up=400),
-        fake_run(tmp_path / "b0", {"algorithm": {"name": "fedprox", "mu": 0.1}}, [0.4, 0.5, 0.6], [10.0, 20.0, 30.0]),
+        fake_run(tmp_path / "b0", {"algorithm": {"name": "fedprox", "mu": 0.1}, "data": {"partition": {"kind": "iid"}}}, [0.4, 0.5, 0.6], [10.0, 20.0, 30.0]),
     ]
 
 
@@ -49,7 +50,7 @@ def test_seeds_of_a_config_are_pooled_and_figures_match_the_hand_numbers(runs):
     groups = read_runs(runs)
     assert [[r.path.name for r in g] for g in groups] == [["a0", "a1"], ["b0"]]
     t = table(groups, target=0.75).set_index("algorithm")
-    assert t.loc["fedavg", "config"] == "" and t.loc["fedprox", "config"] == "algorithm.mu=0.1"
+    assert t.loc["fedavg", "config"] == "data.partition.kind=dirichlet" and t.loc["fedprox", "config"] == "data.partition.kind=iid"
     a = t.loc["fedavg"]
     assert a["seeds"] == 2 and a["reached"] == 2
     assert a["final_accuracy_mean"] == pytest.approx(0.85) and a["final_accuracy_std"] == pytest.approx(0.1 / math.sqrt(2))
@@ -64,6 +65,20 @@ def test_seeds_of_a_config_are_pooled_and_figures_match_the_hand_numbers(runs):
     # final accuracy over the last 2 evaluated rounds, and an extra column's mean over rounds
     t2 = table(groups, target=0.75, last=2, columns=["kl"]).set_index("algorithm")
     assert t2.loc["fedavg", "final_accuracy_mean"] == pytest.approx((0.65 + 0.83) / 2) and t2.loc["fedprox", "kl_mean"] == pytest.approx(0.3)
+
+
+def test_a_config_is_named_by_its_ablations_and_the_other_keys_that_differ():
+    def run(**config):
+        return [Run(Path("."), config, None, pd.DataFrame())]
+
+    groups = [
+        run(**{"algorithm.name": "mergesfl", "algorithm.merge": True, "algorithm.alpha": 0.8, "data.p": 10}),
+        run(**{"algorithm.name": "mergesfl", "algorithm.merge": False, "algorithm.alpha": 0.8, "data.p": 10}),
+        run(**{"algorithm.name": "adasfl", "algorithm.merge": False, "algorithm.alpha": 0.5, "data.p": 10}),
+        run(**{"algorithm.name": "fedavg", "data.p": 1}),
+    ]
+    # alpha differs only across algorithms, merge within MergeSFL; p is not an algorithm option
+    assert labels(groups) == ["algorithm.merge=True, data.p=10", "algorithm.merge=False, data.p=10", "data.p=10", "data.p=1"]
 
 
 def test_curves_put_the_seeds_on_one_grid(runs):
