@@ -62,7 +62,7 @@ def experiment(tmp_path, name, search, **extra):
     return path
 
 
-def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster, tmp_path, capsys):
+def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster, tmp_path, capsys, monkeypatch):
     # Two learning rates that learn and two that cannot move off chance (10 classes: ~0.1) in 2
     # rounds. ASHA has one rung (grace 2 x factor 2 < max_t 4: round 2) and stops a trial whose
     # round-2 accuracy is below the median of those recorded there before it. The good trials
@@ -73,7 +73,9 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
         "asha",
         {"federation.lr": {"grid": [0.1, 0.08, 1e-5, 2e-5]}},
         scheduler={"name": "asha", "grace_period": 2, "reduction_factor": 2},
+        callbacks={"mlflow": {"tracking_uri": f"file://{tmp_path}/mlruns"}},  # Tune's MLflow logger beside its own
     )
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database unless told a folder is fine
     exp = load_experiment(path)
     out = run_experiment(exp, verbose=0)
     table = out["table"]
@@ -87,6 +89,16 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     assert not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 4  # ASHA never stops the rung leader
     assert pd.read_parquet(exp.dir / "results.parquet").equals(pd.read_csv(exp.dir / "results.csv", keep_default_na=False))
     assert (exp.dir / "trials.png").stat().st_size > 0
+
+    # MLflow has a run per trial (experiment named after Tune's) with its searched lr and every round it reported.
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"file://{tmp_path}/mlruns")
+    runs = client.search_runs([client.get_experiment_by_name("asha").experiment_id])
+    logged = {float(r.data.params["federation.lr"]): [m.value for m in sorted(client.get_metric_history(r.info.run_id, "test_accuracy"), key=lambda m: m.step)] for r in runs}
+    assert logged.keys() == set(by_lr.index)
+    for lr, accuracy in logged.items():
+        assert accuracy == pytest.approx(pd.read_parquet(f"{by_lr.loc[lr, 'run_dir']}/metrics.parquet")["test_accuracy"].tolist())
 
     best = out["best"]
     finished = table[table["status"] == "finished"]
