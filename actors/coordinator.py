@@ -39,16 +39,25 @@ class DashboardMetrics:
         "rayfl_round_virtual_s": ("the round's duration on the virtual clock (its slowest client), seconds", "round_time_s"),
         "rayfl_mean_wait_s": ("the round's mean client waiting time on the virtual clock, seconds", "mean_wait_s"),
     }
+    ROUND_WALL = ("rayfl_round_wall_s", "wall seconds between this round's row and the previous one (rounds overlap with evaluation)")
+    ACTORS_ALIVE = ("rayfl_actors_alive", "client actors whose last call did not die")
+    BYTES = ("rayfl_bytes", "bytes exchanged with clients since this coordinator started")
+    CLIENTS = ("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped) since this coordinator started")
     OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped"}
+
+    @classmethod
+    def names(cls) -> set[str]:
+        """Every series' name as exported (before Ray's `ray_` prefix and counters' `_total`)."""
+        return {*cls.GAUGES, cls.ROUND_WALL[0], cls.ACTORS_ALIVE[0], cls.BYTES[0], cls.CLIENTS[0]}
 
     def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):
         self.tags = {"run_id": run_id, "algorithm": algorithm}
         self.wall_time_s = wall_time_s  # the run's wall clock at the previous row
         self.gauges = {name: ray_metrics.Gauge(name, text, tag_keys=self.TAGS) for name, (text, _) in self.GAUGES.items()}
-        self.round_wall = ray_metrics.Gauge("rayfl_round_wall_s", "wall seconds between this round's row and the previous one", tag_keys=self.TAGS)
-        self.actors_alive = ray_metrics.Gauge("rayfl_actors_alive", "client actors whose last call did not die", tag_keys=self.TAGS)
-        self.bytes = ray_metrics.Counter("rayfl_bytes", "bytes exchanged with clients", tag_keys=self.TAGS)
-        self.clients = ray_metrics.Counter("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped)", tag_keys=(*self.TAGS, "status"))
+        self.round_wall = ray_metrics.Gauge(*self.ROUND_WALL, tag_keys=self.TAGS)
+        self.actors_alive = ray_metrics.Gauge(*self.ACTORS_ALIVE, tag_keys=self.TAGS)
+        self.bytes = ray_metrics.Counter(*self.BYTES, tag_keys=self.TAGS)
+        self.clients = ray_metrics.Counter(*self.CLIENTS, tag_keys=(*self.TAGS, "status"))
 
     def record(self, row: Mapping[str, Any], actors_alive: int) -> None:
         for name, (_, column) in self.GAUGES.items():

@@ -129,10 +129,13 @@ class RayExecutor:
         try:
             driver.drive(relay)
             ray.get(relay.pending)
-            return ray.get([a.close_session.remote(c) for a, c in homes])
+            results = ray.get([a.close_session.remote(c) for a, c in homes])
+            self.down -= {id(a) for a, _ in homes}
+            return results
         except RayTaskError as exc:
             return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
         except RayActorError as exc:
+            self.down |= {id(a) for a, _ in homes if a._actor_id.hex() == exc.actor_id}
             return exchange_failed(tasks, f"a client actor died ({type(exc).__name__})")
 
 

@@ -57,7 +57,8 @@ class Run:
 
     @property
     def key(self) -> tuple:
-        return tuple(sorted((k, repr(v)) for k, v in self.config.items()))
+        """What makes runs seeds of one config: the compared keys, and the target they report against."""
+        return (*sorted((k, repr(v)) for k, v in self.config.items()), ("federation.target_accuracy", self.target))
 
     def figures(self, target: float | None, last: int, columns: Sequence[str]) -> dict[str, float]:
         m = self.metrics
@@ -109,7 +110,8 @@ def table(groups: Sequence[Sequence[Run]], target: float | None = None, last: in
     for group, label in zip(groups, labels(groups)):
         per_seed = pd.DataFrame([r.figures(target if target is not None else r.target, last, columns) for r in group])
         row: dict[str, Any] = {"algorithm": group[0].config["algorithm.name"], "config": label, "seeds": len(group)}
-        row["reached"] = int(per_seed["rounds_to_target"].notna().sum())
+        has_target = target is not None or group[0].target is not None
+        row["reached"] = int(per_seed["rounds_to_target"].notna().sum()) if has_target else None
         for figure in per_seed.columns:
             row[f"{figure}_mean"] = per_seed[figure].mean()
             row[f"{figure}_std"] = per_seed[figure].std() if len(group) > 1 else math.nan
@@ -134,10 +136,10 @@ def markdown(frame: pd.DataFrame, columns: Sequence[str] = ()) -> str:
             "config": frame["config"].replace("", "-"),
             "seeds": frame["seeds"],
             **{heading: [cell(r, f, fmt) for _, r in frame.iterrows()] for f, (heading, fmt) in shown.items()},
-            "reached target": [f"{r}/{n}" for r, n in zip(frame["reached"], frame["seeds"])],
+            "reached target": ["-" if pd.isna(r) else f"{int(r)}/{n}" for r, n in zip(frame["reached"], frame["seeds"])],
         }
     )
-    return out.to_markdown(index=False)
+    return out.to_markdown(index=False, disable_numparse=True)  # cells as formatted
 
 
 def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
@@ -157,6 +159,8 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for group, name in zip(groups, names):
             x, ys = curves(group, axis)
+            if not len(x):  # no seed of this config was evaluated
+                continue
             mean = ys.mean(axis=0)
             (line,) = ax.plot(x, mean, label=name, linewidth=1.4)
             if len(group) > 1:
@@ -175,11 +179,14 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
 def curves(group: Sequence[Run], axis: str) -> tuple[np.ndarray, np.ndarray]:
     """Each seed's accuracy on one x grid: the evaluated rounds shared by all seeds, or (virtual
     time, bytes) 200 points from where the last seed's first evaluation is to where the shortest
-    seed ends, linearly interpolated."""
+    seed ends, linearly interpolated. Seeds never evaluated are left out (none: empty arrays)."""
     frames = []
     for run in group:
         m = run.metrics.assign(bytes_mb=(run.metrics["bytes_up"] + run.metrics["bytes_down"]).cumsum() / 1e6)
         frames.append(m.dropna(subset=["test_accuracy"]))
+    frames = [f for f in frames if len(f)]  # a seed never evaluated has no curve
+    if not frames:
+        return np.zeros(0), np.zeros((0, 0))
     if axis == "round":
         rounds = sorted(set.intersection(*(set(f["round"]) for f in frames)))
         return np.array(rounds), np.stack([f.set_index("round").loc[rounds, "test_accuracy"].to_numpy() for f in frames])
@@ -195,6 +202,9 @@ def compare(run_dirs: Sequence[str | Path], out_dir: str | Path, target: float |
     if last < 1:
         raise ConfigError(f"--last: {last} is not a number of rounds >= 1")
     groups = read_runs(run_dirs)
+    for column in columns:
+        if not any(column in r.metrics for g in groups for r in g):
+            raise ConfigError(f"--column: no run's metrics.parquet has a column {column!r}")
     frame = table(groups, target, last, columns)
     text = markdown(frame, columns)
     out_dir = Path(out_dir)

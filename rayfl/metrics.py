@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -99,14 +100,17 @@ class Recorder:
 
 
 class TensorBoard:
-    """Each round's row as TensorBoard scalars (tag: the column, with an algorithm's per-level or
-    per-group `test_accuracy@a` as `test_accuracy/a`; step: the round; NaN left out) and the run's config as text, in RUN_DIR/tb: `tensorboard --logdir RUN_DIR/tb`. Per-level or
-    per-group accuracy columns of an algorithm appear as their own scalars. A resumed run purges
-    the events of the rounds it recomputes, so each round appears once."""
+    """Each round's row as TensorBoard scalars and the run's config as text, in RUN_DIR/tb
+    (`tensorboard --logdir RUN_DIR/tb`). A scalar's tag is its column, an algorithm's per-level
+    or per-group `test_accuracy@a` as `test_accuracy/a`; its step is the round; NaN is left out.
+    A fresh run starts the folder anew; a resumed one purges the events of the rounds it
+    recomputes, so each round appears once."""
 
     def __init__(self, log_dir: str | Path, config_yaml: str, first_round: int):
         from tensorboardX import SummaryWriter
 
+        if first_round == 1:
+            shutil.rmtree(log_dir, ignore_errors=True)  # a fresh run into an old RUN_DIR (its tables are rewritten too)
         self.writer = SummaryWriter(str(log_dir), purge_step=first_round if first_round > 1 else None)
         self.writer.add_text("config", f"```yaml\n{config_yaml}```", global_step=first_round - 1)
 

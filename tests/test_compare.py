@@ -109,7 +109,23 @@ def test_the_command_prints_the_table_and_writes_csv_markdown_and_plots(runs, tm
     assert np.all(pd.read_csv(out / "compare.csv")["final_accuracy_mean"].to_numpy() == pytest.approx([0.85, 0.6]))
 
 
-@pytest.mark.parametrize("args, message", [(["nowhere"], "nowhere: no metrics.parquet"), (["RUN", "--target", "1.5"], "--target: 1.5"), (["RUN", "--last", "0"], "--last: 0")])
+def test_a_run_never_evaluated_and_runs_without_a_target_still_compare(tmp_path, capsys):
+    runs = [fake_run(tmp_path / "a", {}, [NAN, NAN, NAN], [1.0, 2.0, 3.0]), fake_run(tmp_path / "b", {"seed": 1}, [0.2, 0.3, 0.4], [1.0, 2.0, 3.0])]
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    row = capsys.readouterr().out.splitlines()[2]  # one config, two seeds: the evaluated one gives the figures
+    assert "| 0.4000" in row and row.rstrip("| ").endswith("-")  # no target anywhere: reached target "-"
+    assert len(list((tmp_path / "cmp").glob("*.png"))) == 3
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nowhere"], "nowhere: no metrics.parquet"),
+        (["RUN", "--target", "1.5"], "--target: 1.5"),
+        (["RUN", "--last", "0"], "--last: 0"),
+        (["RUN", "--column", "kll"], "--column: no run's metrics.parquet has a column 'kll'"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(runs, tmp_path, capsys, args, message):
     out = tmp_path / "cmp"
     args = [str(runs[0]) if a == "RUN" else str(tmp_path / a) if a == "nowhere" else a for a in args]

@@ -51,6 +51,40 @@ def test_the_emulated_clock_paces_split_rounds(tmp_path):
     assert (m["wall_time_s"] >= scale * m["round_time_s"].cumsum()).all()
 
 
+def test_the_emulated_clock_holds_a_split_round_from_the_start_of_its_exchange(tmp_path, monkeypatch):
+    # The previous round's evaluation (made slow here) runs between a round's dispatch and its
+    # exchange; it must not count toward the hold: from the start of its exchange to its
+    # settling, each round lasts at least its scaled virtual duration.
+    import time
+
+    from rayfl import runner
+
+    scale, spans = 0.3, {}
+    exchange, settle_round, evaluate = runner.InProcessExecutor.exchange, runner.settle_round, runner.evaluate
+
+    def timed_exchange(self, tasks, driver):
+        spans[tasks[0].round] = [time.perf_counter()]
+        return exchange(self, tasks, driver)
+
+    def timed_settle(fed, state, d, virtual_time_s):
+        out = settle_round(fed, state, d, virtual_time_s)
+        spans[d.round].append(time.perf_counter())
+        return out
+
+    def slow_evaluate(fed, outcome):
+        time.sleep(1.0)  # longer than a round's scaled virtual duration (about 0.6 s)
+        return evaluate(fed, outcome)
+
+    monkeypatch.setattr(runner.InProcessExecutor, "exchange", timed_exchange)
+    monkeypatch.setattr(runner, "settle_round", timed_settle)
+    monkeypatch.setattr(runner, "evaluate", slow_evaluate)
+    run_local(load_config(None, ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]), tmp_path)
+    m = pd.read_parquet(tmp_path / "metrics.parquet").set_index("round")
+    assert sorted(spans) == [1, 2, 3]
+    for rnd, (start, end) in spans.items():
+        assert end - start >= scale * m.loc[rnd, "round_time_s"], rnd
+
+
 def test_a_session_error_fails_the_rounds_workers_and_a_driver_error_ends_the_run(tmp_path, monkeypatch):
     # The in-process runner draws the line where Ray does: a session's call that raises is a
     # failed actor call (every worker of the round fails, the run goes on); the driver runs in the
