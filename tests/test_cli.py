@@ -1,4 +1,4 @@
-"""The command line: exit codes, one-line errors, a tiny run, plots."""
+"""The command line: exit codes, one-line errors, a tiny run, its comparison."""
 
 import json
 import shutil
@@ -23,7 +23,7 @@ def rayfl(*args, cwd=None):
         (["run", "--set", "algorithm.beta=0.2"], "algorithm.beta: unknown key"),
         (["run", "missing.yaml"], "missing.yaml: no such file"),
         (["run", "--set", "devices.profile=nowhere.yaml"], "devices.profile: 'nowhere.yaml' is neither"),
-        (["plot", "not-a-run"], "not-a-run: no metrics.parquet"),
+        (["compare", "not-a-run"], "not-a-run: no metrics.parquet"),
         # an abbreviation must not reach the hidden --config-yaml (it once ended in an AttributeError)
         (["run", "--config", "cfg.yaml"], "unrecognized arguments: --config"),
     ],
@@ -35,7 +35,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: {message}"), out.stderr
 
 
-def test_run_list_and_plot(tmp_path):
+def test_run_list_and_compare(tmp_path):
     run_dir = tmp_path / "run"
     out = rayfl("run", "--local", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -43,11 +43,12 @@ def test_run_list_and_plot(tmp_path):
     listing = rayfl("list").stdout
     for name in ("fedavg", "fedprox", "fedadam", "digits", "mnist1d", "synthetic", "cnn", "jetson", "mobile", "uniform"):
         assert f"  {name} " in listing
-    plot = rayfl("plot", str(run_dir), "--out", str(tmp_path / "plots"))
-    assert plot.returncode == 0, plot.stderr
-    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert pngs == ["accuracy_vs_round.png", "accuracy_vs_virtual_time.png"]
-    assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    assert any((run_dir / "tb").iterdir())  # TensorBoard events, on by default
+    compare = rayfl("compare", str(run_dir), "--out", str(tmp_path / "cmp"))
+    assert compare.returncode == 0, compare.stderr
+    pngs = sorted(p.name for p in (tmp_path / "cmp").glob("*.png"))
+    assert pngs == ["accuracy_vs_bytes.png", "accuracy_vs_round.png", "accuracy_vs_virtual_time.png"]
+    assert all((tmp_path / "cmp" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
 
 
 def test_resume_extends_a_run_in_place(tmp_path):
