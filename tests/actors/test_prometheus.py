@@ -88,8 +88,11 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
         stdout=prom_log,
         stderr=subprocess.STDOUT,
     )
+    # Ctrl-C's handler set in the run itself: a background job (CI's, say) inherits SIGINT ignored.
+    argv = ["run", "--out", str(run_dir), *[a for s in sets for a in ("--set", s)]]
+    launch = f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); from rayfl.cli import main; sys.exit(main({argv!r}))"
     run = subprocess.Popen(
-        [sys.executable, "-m", "rayfl", "run", "--out", str(run_dir), *[a for s in sets for a in ("--set", s)]],
+        [sys.executable, "-c", launch],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=run_log,
