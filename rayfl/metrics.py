@@ -11,6 +11,7 @@ import json
 import math
 import numbers
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -111,7 +112,11 @@ class TensorBoard:
 
         if first_round == 1:
             shutil.rmtree(log_dir, ignore_errors=True)  # a fresh run into an old RUN_DIR (its tables are rewritten too)
-        self.writer = SummaryWriter(str(log_dir), purge_step=first_round if first_round > 1 else None)
+        # The file's name has the second it was made in; a resume within that second would
+        # overwrite it, so the name also carries the first round (ordering the files as the
+        # rounds) and a random part.
+        suffix = f".{first_round:06d}.{uuid.uuid4().hex[:8]}"
+        self.writer = SummaryWriter(str(log_dir), purge_step=first_round if first_round > 1 else None, filename_suffix=suffix)
         self.writer.add_text("config", f"```yaml\n{config_yaml}```", global_step=first_round - 1)
 
     def add(self, row: Mapping[str, Any]) -> None:

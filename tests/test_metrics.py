@@ -53,7 +53,7 @@ def test_a_recorder_writes_where_it_was_made_whatever_the_working_directory(tmp_
     assert not (tmp_path / "elsewhere" / "runs").exists()
 
 
-def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_recomputes(tmp_path):
+def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_recomputes(tmp_path, monkeypatch):
     import numpy as np
     import pandas as pd
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -63,6 +63,12 @@ def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_
 
     raw = {"algorithm": {"name": "heterofl", "levels": "a1-e1"}, "model": {"name": "mlp"}, "data": {"num_clients": 4}}
     raw["federation"] = {"clients_per_round": 2, "rounds": 3, "checkpoint_every": 2, "local_epochs": 1}
+    import types
+
+    import tensorboardX.event_file_writer
+
+    # Both event files made in the same second (their names carry it): the resume must not overwrite the first.
+    monkeypatch.setattr(tensorboardX.event_file_writer, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))
     run_local(parse_config(raw), tmp_path)
     (tmp_path / "checkpoints" / "round_00003.pt").unlink()  # as if stopped after round 2's checkpoint
     run_local(parse_config(raw), tmp_path, resume=True)  # recomputes round 3
