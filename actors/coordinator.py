@@ -45,11 +45,6 @@ class DashboardMetrics:
     CLIENTS = ("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped) since this coordinator started")
     OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped"}
 
-    @classmethod
-    def names(cls) -> set[str]:
-        """Every series' name as exported (before Ray's `ray_` prefix and counters' `_total`)."""
-        return {*cls.GAUGES, cls.ROUND_WALL[0], cls.ACTORS_ALIVE[0], cls.BYTES[0], cls.CLIENTS[0]}
-
     def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):
         self.tags = {"run_id": run_id, "algorithm": algorithm}
         self.wall_time_s = wall_time_s  # the run's wall clock at the previous row

@@ -116,7 +116,7 @@ class TensorBoard:
         # overwrite it, so the name also carries the first round (ordering the files as the
         # rounds) and a random part.
         suffix = f".{first_round:06d}.{uuid.uuid4().hex[:8]}"
-        self.writer = SummaryWriter(str(log_dir), purge_step=first_round if first_round > 1 else None, filename_suffix=suffix)
+        self.writer = SummaryWriter(str(log_dir), purge_step=first_round, filename_suffix=suffix)
         self.writer.add_text("config", f"```yaml\n{config_yaml}```", global_step=first_round - 1)
 
     def add(self, row: Mapping[str, Any]) -> None:

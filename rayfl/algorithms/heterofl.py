@@ -4,10 +4,10 @@ Heterogeneous Clients", Enmao Diao, Jie Ding, Vahid Tarokh, ICLR 2021 (arXiv:201
 Clients train nested width slices of one global model: level p keeps the first ceil(r_p C)
 channels of every hidden layer (Sec. 3.1, `aggregate.extract`), and the server averages every
 entry over the clients that hold it (Sec. 3.1: `aggregate.count_sum` per client, added up,
-then `count_finish`), classifier rows only over the clients whose label split has the class. The Scaler divides by the rate relative to
-the global model in training (Sec. 3.2); static BN keeps no running statistics in training and
-recomputes them before evaluation (Sec. 3.2). Clients mask absent classes in the cross-entropy
-(Sec. 3.2, "masking trick").
+then `count_finish`), classifier rows only over the clients whose label split has the class.
+The Scaler divides by the rate relative to the global model in training (Sec. 3.2); static BN
+keeps no running statistics in training and recomputes them before evaluation (Sec. 3.2).
+Clients mask absent classes in the cross-entropy (Sec. 3.2, "masking trick").
 
 Where the paper and its public code differ, this follows the paper and offers the code's
 behaviour as options: the code fills masked logits with 0 (`mask: zero`, the default, as the
