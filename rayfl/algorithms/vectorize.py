@@ -2,9 +2,11 @@
 computation, with `torch.func.functional_call` + `vmap` over stacked parameters.
 
 Each client keeps its own seeded batch sequence (the same as when it trains alone); step s
-stacks every client's s-th batch, padded to the longest with zero-weight samples, and a
-client that has run out of batches (or diverged) sits the step out: its parameters and
-optimizer state are put back after the step. The optimizer is the task's, over the stacked
+stacks every client's s-th batch (one gather from the clients' concatenated samples), padded
+to the longest with zero-weight samples, and a client that has run out of batches (or
+diverged) sits the step out: its parameters and optimizer state are put back after the step.
+The stacked parameters are laid out as autograd lays out their gradients, so no step copies a
+gradient into another layout. The optimizer is the task's, over the stacked
 parameters: SGD (momentum, weight decay) and Adam act elementwise, so each client's slice
 moves as its own optimizer would; gradient clipping is applied per client. Results equal
 sequential training up to float rounding of the batched products. Models with batch norm (its
@@ -18,6 +20,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,27 +53,34 @@ def train_vectorized(
     names = [n for n, _ in model.named_parameters()]
     buffers = dict(model.named_buffers())
     device = ctx.device
-    params = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(device).requires_grad_(True) for n in names}
-    initial = {n: p.detach().clone() for n, p in params.items()}
+    forward = vmap(lambda p, x: functional_call(model, (p, buffers), (x,)))
+    stacked = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(device) for n in names}
+    params = laid_out_as_gradients(stacked, lambda p: forward(p, torch.zeros((len(tasks), 1, *datas[0].x.shape[1:]), dtype=datas[0].x.dtype, device=device)).sum())
+    initial = {n: p.detach().clone() for n, p in params.items()} if penalty is not None else {}
     spec = tasks[0].optimizer
     opt = dataclasses.replace(spec, grad_clip=None).build(params.values())
     plans = [list(ctx.batches(t, len(d))) for t, d in zip(tasks, datas)]
     k = len(tasks)
+    # every client's samples in one tensor, a zero row last: step s gathers all clients' s-th batches in one index
+    xs = torch.cat([*(d.x for d in datas), torch.zeros_like(datas[0].x[:1])])
+    ys = torch.cat([*(d.y for d in datas), torch.zeros_like(datas[0].y[:1])])
+    offsets = np.cumsum([0, *(len(d) for d in datas)])
+    pad = int(offsets[-1])
     alive, total, samples, failure = [True] * k, [0.0] * k, [0] * k, {}
-    forward = vmap(lambda p, x: functional_call(model, (p, buffers), (x,)))
     for step in range(max(len(p) for p in plans)):
         active = [alive[i] and step < len(plans[i]) for i in range(k)]
         if not any(active):
             break
         width = max(len(plans[i][step]) for i in range(k) if active[i])
-        x = torch.zeros((k, width, *datas[0].x.shape[1:]), dtype=datas[0].x.dtype, device=device)
-        y = torch.zeros((k, width), dtype=torch.long, device=device)
-        w = torch.zeros((k, width), device=device)
+        index = np.full((k, width), pad)
+        w = np.zeros((k, width), dtype=np.float32)
         for i in range(k):
             if active[i]:
                 b = plans[i][step]
-                x[i, : len(b)], y[i, : len(b)] = datas[i].batch(b)
+                index[i, : len(b)] = b + offsets[i]
                 w[i, : len(b)] = 1.0 / len(b)
+        index = torch.from_numpy(index).to(device)
+        x, y, w = xs[index], ys[index], torch.from_numpy(w).to(device)
         opt.zero_grad(set_to_none=True)
         logits = forward(params, x)
         loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(k, width) * w).sum(1)
@@ -100,6 +110,21 @@ def train_vectorized(
             continue
         weights = {n: (params[n][i].detach().cpu().numpy().copy() if n in params else task.weights[n]) for n in order}
         out.append(ClientResult(task.client_id, task.round, weights, len(data), samples[i], total[i] / max(samples[i], 1)))
+    return out
+
+
+def laid_out_as_gradients(stacked: dict[str, torch.Tensor], probe: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The stacked parameters as leaves in the memory layout autograd gives their gradients (found
+    by one backward of `probe`; a batched linear layer's weight gradient comes transposed), so
+    that every step's AccumulateGrad keeps the gradient as it comes instead of copying it into
+    the parameter's layout: on a CPU that copy of every stacked weight cost more than the
+    batched products."""
+    leaves = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
+    grads = torch.autograd.grad(probe(leaves), list(leaves.values()), allow_unused=True)
+    out = {}
+    for (n, p), g in zip(stacked.items(), grads):
+        q = p if g is None else torch.empty_strided(g.shape, g.stride(), dtype=p.dtype, device=p.device).copy_(p)
+        out[n] = q.detach().requires_grad_(True)
     return out
 
 

@@ -78,3 +78,25 @@ def test_a_cnn_with_group_norm_vectorizes():
     seq, vec = one_round(sets), one_round([*sets, "ray.vectorize=4"])
     for k, w in seq.state.weights.items():
         np.testing.assert_allclose(vec.state.weights[k], w, rtol=1e-4, atol=1e-5)
+
+
+def test_stacked_parameters_take_the_layout_of_their_gradients():
+    # A vmapped linear layer's weight gradient comes as the transpose of a contiguous (K, in, out)
+    # array: strides (out * in, 1, out). The leaves take that layout (so AccumulateGrad keeps
+    # each step's gradient instead of copying it), with the stacked values unchanged.
+    import torch
+    from torch import nn
+    from torch.func import functional_call, vmap
+
+    from rayfl.algorithms.vectorize import laid_out_as_gradients
+
+    layer = nn.Linear(3, 2)
+    stacked = {n: torch.stack([p.detach() + k for k in range(4)]) for n, p in layer.named_parameters()}
+    forward = vmap(lambda p, x: functional_call(layer, p, (x,)))
+    leaves = laid_out_as_gradients(stacked, lambda p: forward(p, torch.ones(4, 1, 3)).sum())
+    assert stacked["weight"].stride() == (6, 3, 1)
+    assert leaves["weight"].stride() == (6, 1, 2)
+    assert leaves["bias"].stride() == (2, 1)
+    for n in stacked:
+        assert leaves[n].is_leaf and leaves[n].requires_grad
+        assert torch.equal(leaves[n], stacked[n])
