@@ -12,7 +12,7 @@ and once in process (`--local`). Prints the wall times, the ratios, and the accu
 the time of the round loop alone (for rayfl from the first round's start to the last round's
 end, Ray already up).
 
-    python bench/fedavg_reference.py [--rounds 30]
+    python bench/fedavg_reference.py [--rounds 30] [--runs dashboard no-dashboard local]
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ OVERRIDES = [
     "federation.momentum=0.9",
     "model.name=cnn2",
 ]
+
+
+RUNS = {  # --runs: label, config overrides, `rayfl run` flags
+    "dashboard": ("rayfl, dashboard on", [], []),
+    "no-dashboard": ("rayfl, dashboard off", ["ray.dashboard=false"], []),
+    "local": ("rayfl --local", [], ["--local"]),
+}
 
 
 def plain_loop(rounds: int) -> dict:
@@ -96,6 +103,7 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="which rayfl runs (a machine without the dashboard's packages: leave out dashboard)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
@@ -106,11 +114,7 @@ def main() -> None:
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra, flags in (
-            ("rayfl, dashboard on", [], []),
-            ("rayfl, dashboard off", ["ray.dashboard=false"], []),
-            ("rayfl --local", [], ["--local"]),
-        ):
+        for label, extra, flags in (RUNS[r] for r in args.runs):
             sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
             out = f"{tmp}/{len(runs)}"
             wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
