@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -36,16 +37,20 @@ depend on the host (in-process, one actor or many give bit-identical metrics).""
 
 
 def keep_freed_memory() -> None:
-    """Have glibc's allocator keep freed memory for reuse (the mmap threshold raised to 64 MB, the
-    trim threshold to 256 MB, both process-wide) instead of handing it back to the kernel and
-    faulting it in again. Vectorized clients on a CPU allocate megabytes of stacked gradients
-    every step; with glibc's defaults a round of 10 MLP clients took about 1,500 page faults
-    and a third longer (`bench/vectorize.py` prints the faults). Set once a runner trains
-    vectorized on the CPU; a no-op where the C library has no `mallopt` (not glibc)."""
+    """Have glibc's allocator keep freed memory for reuse (the mmap threshold raised to 32 MB, the
+    most every glibc takes; the trim threshold to 256 MB) instead of handing it back to the
+    kernel and faulting it in again. Process-wide and for good: the process's resident memory
+    then stays near its peak. Vectorized clients on a CPU allocate megabytes of stacked
+    gradients every step; with glibc's defaults a round of 10 MLP clients took about 1,500 page
+    faults and a third longer (`bench/vectorize.py` prints the faults). Set when a runner is
+    built to train vectorized on the CPU; Linux only (elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
-        mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+    if mallopt is None:  # not glibc
+        return
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
 class ClientDiverged(Exception):

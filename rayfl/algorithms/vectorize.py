@@ -2,11 +2,12 @@
 computation, with `torch.func.functional_call` + `vmap` over stacked parameters.
 
 Each client keeps its own seeded batch sequence (the same as when it trains alone); step s
-stacks every client's s-th batch (one gather from the clients' concatenated samples), padded
-to the longest with zero-weight samples, and a client that has run out of batches (or
-diverged) sits the step out: its parameters and optimizer state are put back after the step.
-The stacked parameters are laid out as autograd lays out their gradients, so no step copies a
-gradient into another layout. The optimizer is the task's, over the stacked
+stacks every client's s-th batch (one index into the clients' samples, concatenated once a
+call), padded to the longest with zero-weight samples, and a client that has run out of
+batches (or diverged) sits the step out: its parameters and optimizer state are put back after
+the step. The stacked parameters are laid out as autograd lays out their gradients (as a
+width-1 probe finds them), so a step normally keeps each gradient as it comes instead of
+copying it into another layout. The optimizer is the task's, over the stacked
 parameters: SGD (momentum, weight decay) and Adam act elementwise, so each client's slice
 moves as its own optimizer would; gradient clipping is applied per client. Results equal
 sequential training up to float rounding of the batched products. Models with batch norm (its
@@ -123,7 +124,7 @@ def laid_out_as_gradients(stacked: dict[str, torch.Tensor], probe: Callable[[dic
     grads = torch.autograd.grad(probe(leaves), list(leaves.values()), allow_unused=True)
     out = {}
     for (n, p), g in zip(stacked.items(), grads):
-        q = p if g is None else torch.empty_strided(g.shape, g.stride(), dtype=p.dtype, device=p.device).copy_(p)
+        q = p if g is None else torch.empty_like(g, dtype=p.dtype, device=p.device).copy_(p)  # g's strides where dense, else contiguous
         out[n] = q.detach().requires_grad_(True)
     return out
 

@@ -81,22 +81,36 @@ def test_a_cnn_with_group_norm_vectorizes():
 
 
 def test_stacked_parameters_take_the_layout_of_their_gradients():
-    # A vmapped linear layer's weight gradient comes as the transpose of a contiguous (K, in, out)
-    # array: strides (out * in, 1, out). The leaves take that layout (so AccumulateGrad keeps
-    # each step's gradient instead of copying it), with the stacked values unchanged.
+    # A vmapped linear layer's weight gradient does not come in the stacked (K, out, in)
+    # contiguous layout: the leaves take the gradient's layout (so AccumulateGrad keeps each
+    # step's gradient instead of copying it), with the stacked values unchanged. An offset added
+    # straight onto the output gets an expanded (stride-0) gradient from the probe's sum: its
+    # leaf stays dense.
     import torch
     from torch import nn
     from torch.func import functional_call, vmap
 
     from rayfl.algorithms.vectorize import laid_out_as_gradients
 
-    layer = nn.Linear(3, 2)
-    stacked = {n: torch.stack([p.detach() + k for k in range(4)]) for n, p in layer.named_parameters()}
-    forward = vmap(lambda p, x: functional_call(layer, p, (x,)))
+    class Offset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.offset = nn.Linear(3, 2), nn.Parameter(torch.zeros(2))
+
+        def forward(self, x):
+            return self.linear(x) + self.offset
+
+    model = Offset()
+    stacked = {n: torch.stack([p.detach() + k for k in range(4)]) for n, p in model.named_parameters()}
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    x = torch.randn(4, 5, 3)
+    probe = {n: p.clone().requires_grad_(True) for n, p in stacked.items()}
+    grads = dict(zip(probe, torch.autograd.grad(forward(probe, x).square().sum(), list(probe.values()))))
+    assert grads["linear.weight"].stride() != stacked["linear.weight"].stride()
+
     leaves = laid_out_as_gradients(stacked, lambda p: forward(p, torch.ones(4, 1, 3)).sum())
-    assert stacked["weight"].stride() == (6, 3, 1)
-    assert leaves["weight"].stride() == (6, 1, 2)
-    assert leaves["bias"].stride() == (2, 1)
+    assert leaves["linear.weight"].stride() == grads["linear.weight"].stride()
+    assert leaves["offset"].stride() == (2, 1)
     for n in stacked:
         assert leaves[n].is_leaf and leaves[n].requires_grad
         assert torch.equal(leaves[n], stacked[n])
