@@ -35,8 +35,8 @@ def get(url, token=None):
         return json.loads(r.read())
 
 
-@pytest.fixture
-def head_node():
+@pytest.fixture(scope="module")
+def head_node():  # one head for the module's jobs (each job has its own id and RUN_DIR)
     temp_dir = tempfile.mkdtemp(prefix="rayfl-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     token = secrets.token_hex(16)
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
@@ -62,7 +62,8 @@ def head_node():
                 time.sleep(0.5)
         yield url, token, env
     finally:
-        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        # `ray start --block` takes over 10 s to follow a SIGTERM here: after 2 s, SIGKILL the group.
+        for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
