@@ -89,6 +89,9 @@ class ClientContext:
         self.models = models
         self.samples_drawn = 0
         """Samples in the batches handed out for the current task (what a failure still cost)."""
+        self.layouts: dict = {}
+        """Strides of vectorized clients' stacked parameters, by (variant, K, input shape): found
+        once on this host (`rayfl.algorithms.vectorize.gradient_strides`)."""
 
     @property
     def device(self) -> str:

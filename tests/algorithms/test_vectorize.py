@@ -90,7 +90,7 @@ def test_stacked_parameters_take_the_layout_of_their_gradients():
     from torch import nn
     from torch.func import functional_call, vmap
 
-    from rayfl.algorithms.vectorize import laid_out_as_gradients
+    from rayfl.algorithms.vectorize import gradient_strides, laid_out
 
     class Offset(nn.Module):
         def __init__(self):
@@ -108,7 +108,7 @@ def test_stacked_parameters_take_the_layout_of_their_gradients():
     grads = dict(zip(probe, torch.autograd.grad(forward(probe, x).square().sum(), list(probe.values()))))
     assert grads["linear.weight"].stride() != stacked["linear.weight"].stride()
 
-    leaves = laid_out_as_gradients(stacked, lambda p: forward(p, torch.ones(4, 1, 3)).sum())
+    leaves = laid_out(stacked, gradient_strides(stacked, lambda p: forward(p, torch.ones(4, 1, 3)).sum()))
     assert leaves["linear.weight"].stride() == grads["linear.weight"].stride()
     assert leaves["offset"].stride() == (2, 1)
     for n in stacked:
