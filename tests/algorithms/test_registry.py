@@ -35,7 +35,7 @@ OPTIONS = {
     "federation.optimizer": "adam",
 }
 
-SMALL = ["data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1", "federation.batch_size=32"]
+SMALL = ["data.num_clients=24", "federation.clients_per_round=3", "federation.rounds=1", "federation.batch_size=32"]
 
 
 def one_round(name, extra):
