@@ -6,9 +6,9 @@ clients (`ray.clients_per_call: 10`); `ray.vectorize: 10` trains them in one `to
 computation, `ray.vectorize: 1` one after another. Prints the clients' training per round (the
 runner's `run_all`, median over rounds 2 on, past torch's first-call set-up), the whole round
 (training, aggregation and evaluation; median), the page faults of a round's training
-(median), the final accuracy of each, and the speed-ups.
-Each side runs in a fresh process, `--repeats` times, sequential and vectorized alternating;
-the figures are the medians over the repeats (this VM's speed drifts between processes).
+(median), the final accuracy of each, and the speed-ups. Each side runs in a fresh process,
+`--repeats` times, sequential and vectorized alternating; the figures are the medians over
+the repeats (this VM's speed drifts between processes).
 
     python bench/vectorize.py [--rounds 30] [--models mlp cnn2] [--repeats 3]
 """

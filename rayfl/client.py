@@ -89,7 +89,7 @@ class ClientContext:
         self.models = models
         self.samples_drawn = 0
         """Samples in the batches handed out for the current task (what a failure still cost)."""
-        self.layouts: dict = {}
+        self.layouts: dict[tuple, dict[str, tuple[int, ...]]] = {}
         """Strides of vectorized clients' stacked parameters, by (variant, K, input shape): found
         once on this host (`rayfl.algorithms.vectorize.gradient_strides`)."""
 

@@ -7,9 +7,9 @@ call), padded to the longest with zero-weight samples, and a client that has run
 batches (or diverged) sits the step out: its parameters and optimizer state are put back after
 the step. The stacked parameters are laid out as autograd lays out their gradients (as a
 width-1 probe finds them, once per variant and K on a host), so a step normally keeps each
-gradient as it comes instead of copying it into another layout. The optimizer is the task's, over the stacked
-parameters: SGD (momentum, weight decay) and Adam act elementwise, so each client's slice
-moves as its own optimizer would; gradient clipping is applied per client. Results equal
+gradient as it comes instead of copying it into another layout. The optimizer is the task's,
+over the stacked parameters: SGD (momentum, weight decay) and Adam act elementwise, so each
+client's slice moves as its own optimizer would; gradient clipping is applied per client. Results equal
 sequential training up to float rounding of the batched products. Models with batch norm (its
 statistics would take in the padding) or dropout (random draws are not kept per client in one
 call) cannot be vectorized; group and layer norm, which normalize each sample, can.
@@ -56,9 +56,10 @@ def train_vectorized(
     device = ctx.device
     forward = vmap(lambda p, x: functional_call(model, (p, buffers), (x,)))
     stacked = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(device) for n in names}
-    key = (tasks[0].model, len(tasks), tuple(datas[0].x.shape[1:]))  # what the layout depends on
+    shape = tuple(datas[0].x.shape[1:])
+    key = (tasks[0].model, len(tasks), shape)  # what the layout depends on
     if key not in ctx.layouts:
-        ctx.layouts[key] = gradient_strides(stacked, lambda p: forward(p, torch.zeros((len(tasks), 1, *key[2]), dtype=datas[0].x.dtype, device=device)).sum())
+        ctx.layouts[key] = gradient_strides(stacked, lambda p: forward(p, torch.zeros((len(tasks), 1, *shape), dtype=datas[0].x.dtype, device=device)).sum())
     params = laid_out(stacked, ctx.layouts[key])
     initial = {n: p.detach().clone() for n, p in params.items()} if penalty is not None else {}
     spec = tasks[0].optimizer
