@@ -126,6 +126,8 @@ class SplitMixPolicy(ServerPolicy):
     def check_config(cls, config: RunConfig) -> None:
         if not isinstance(config.model, WidthConfig):
             raise ConfigError(f"model.name: {config.algorithm.name} needs a width-scalable model for its base networks, not {config.model.name}")
+        if config.model.init_weights is not None:
+            raise ConfigError(f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a pretrained state would be ignored")
 
     def global_model(self) -> ModelConfig:
         """One base network (what the engine measures); the global model is K of them."""

@@ -130,11 +130,14 @@ def test_width_r_mixes_the_first_r_over_atom_bases():
     assert out["test_loss"] == pytest.approx(np.mean(np.log1p(np.exp(np.array([8, -2, 3, -3]) / 6))))
 
 
-def test_config_is_checked():
+def test_config_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="model.name: splitmix needs a width-scalable model"):
         load_config(None, ["algorithm.name=splitmix", "model.name=alexnet"])
     with pytest.raises(ConfigError, match="atom"):
         load_config(None, ["algorithm.name=splitmix", "algorithm.atom=0.3"])
+    torch.save({}, tmp_path / "pretrained.pt")  # the bases are drawn by init_state: a pretrained state is refused, not dropped
+    with pytest.raises(ConfigError, match="model.init_weights: splitmix draws its K base networks itself"):
+        load_config(None, ["algorithm.name=splitmix", f"model.init_weights={tmp_path / 'pretrained.pt'}"])
 
 
 def test_two_rounds_on_digits_under_fedepth_fair(tmp_path):
