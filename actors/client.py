@@ -16,8 +16,8 @@ from typing import Any
 import ray
 import torch
 
-from rayfl.algorithms.base import ClientResult, ClientTask
 from rayfl.algorithms.exchange import invoke
+from rayfl.algorithms.messages import ClientResult, ClientTask
 from rayfl.config import RunConfig
 from rayfl.types import Weights
 
@@ -54,7 +54,7 @@ class ClientActor:
         """The `ClientRunner` of the federation in the box (read from the object store on the first
         task, and again by an actor that restarted)."""
         if self.runner is None:
-            from rayfl.client import ClientRunner
+            from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
             self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy

@@ -17,8 +17,7 @@ from ray.util import metrics as ray_metrics
 
 from actors.client import NAMESPACE, actor_name, create_client_actors
 from actors.pool import RayExecutor, check_fits, pool_size
-from rayfl.engine import Federation
-from rayfl.runner import Start, run_federation, torch_threads
+from rayfl.engine import Federation, Start, run_federation, torch_threads
 
 
 class DashboardMetrics:

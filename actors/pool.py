@@ -22,11 +22,12 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rayfl.algorithms.base import ClientFailure, ClientResult, ClientTask, ServerPolicy
+from rayfl.algorithms.base import ServerPolicy
 from rayfl.algorithms.exchange import RoundDriver, per_session
+from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import GroupOutcome, Pace, settle
-from rayfl.runner import exchange_failed
+from rayfl.engine.host import GroupOutcome, failed_all, settle_all
+from rayfl.engine.round import Pace
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
@@ -114,7 +115,7 @@ class RayExecutor:
 
     def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
         """A group whose call failed as a whole: each client failed, having downloaded the model."""
-        return GroupOutcome([settle(self.policy, t, ClientFailure(t.client_id, t.round, reason)) for t in group], None)
+        return settle_all(self.policy, group, failed_all(group, reason))
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round with every client's session pinned to one actor for the
@@ -133,10 +134,10 @@ class RayExecutor:
             self.down -= {id(a) for a, _ in homes}
             return results
         except RayTaskError as exc:
-            return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
+            return failed_all(tasks, f"exchange failed: {type(exc.cause).__name__}: {exc.cause}")
         except RayActorError as exc:
             self.down |= {id(a) for a, _ in homes if a._actor_id.hex() == exc.actor_id}
-            return exchange_failed(tasks, f"a client actor died ({type(exc).__name__})")
+            return failed_all(tasks, f"exchange failed: a client actor died ({type(exc).__name__})")
 
 
 class ActorRelay:

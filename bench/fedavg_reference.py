@@ -50,7 +50,7 @@ def plain_loop(rounds: int) -> dict:
     import torch.nn.functional as F
 
     from rayfl import rng
-    from rayfl.client import epoch_batches
+    from rayfl.algorithms.local import epoch_batches
     from rayfl.data import load_dataset, partition
     from rayfl.loader import load_config
     from rayfl.models import build_model

@@ -36,7 +36,7 @@ def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
     from rayfl.engine import build_federation
     from rayfl.loader import load_config
     from rayfl.models.supernet import crop, random_subnet
-    from rayfl.runner import torch_threads
+    from rayfl.engine import torch_threads
 
     cfg = load_config(run_dir / "config.yaml")
     if not cfg.federation.personalize_epochs:

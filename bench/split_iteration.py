@@ -30,7 +30,8 @@ def main() -> None:
     from actors.pool import RayExecutor
     from rayfl.loader import load_config
     from rayfl.engine import build_federation
-    from rayfl.runner import InProcessExecutor, torch_threads
+    from rayfl.runner import InProcessExecutor
+    from rayfl.engine import torch_threads
 
     sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", f"data.num_clients={max(20, args.workers)}", f"federation.clients_per_round={args.workers}"]
     timings = {}

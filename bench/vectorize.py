@@ -35,7 +35,7 @@ def one(model: str, vectorize: int, rounds: int) -> dict:
     import numpy as np
     import pandas as pd
 
-    from rayfl.client import ClientRunner
+    from rayfl.engine import ClientRunner
     from rayfl.loader import load_config
     from rayfl.runner import run_local
 

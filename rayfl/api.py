@@ -18,7 +18,7 @@ import yaml
 
 from . import checkpoint
 from .config import ConfigError, RunConfig, to_dict
-from .runner import Progress, new_run_dir, prepare
+from .engine import Progress, new_run_dir, prepare
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent

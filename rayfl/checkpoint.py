@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .algorithms.base import ServerState
+from .algorithms.messages import ServerState
 from .config import ConfigError
 
 FOLDER = "checkpoints"

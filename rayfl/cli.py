@@ -79,7 +79,8 @@ def _config(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
-    from .runner import new_run_dir, run_local
+    from .engine import new_run_dir
+    from .runner import run_local
 
     run_dir = Path(args.resume or args.out or new_run_dir(config))
     resume = bool(args.resume)

@@ -1,10 +1,8 @@
-"""Evaluation of model variants on the central test set, with static-BN calibration."""
+"""Evaluation of model variants on the central test set."""
 
 from __future__ import annotations
 
-from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -15,32 +13,23 @@ from .types import Weights
 
 
 class Evaluator:
-    """Test-set predictions of model variants, with HeteroFL's static-BN calibration on request."""
+    """Test-set predictions of model variants."""
 
     def __init__(self, clients: Clients, models: ModelCache, batch_size: int, eval_clients: int):
         self.clients = clients
-        """The federation's clients (what static-BN calibration may read)."""
+        """The federation's clients (what a policy's evaluation may read: HeteroFL's static BN, personalization)."""
         x_test, y_test = clients.test_set(eval_clients)
         self.x_test = x_test  # numpy: shipped through the object store zero-copy
         self.y = torch.tensor(y_test)
         self.models = models
         self.batch_size = batch_size
 
-    def logits(self, weights: Weights, variant: ModelConfig, calibrate: Sequence[np.ndarray] | None = None) -> torch.Tensor:
-        """Logits of the whole test set. With `calibrate` (batches of training inputs), batch
-        norm statistics are first recomputed as a cumulative average over those batches (sBN)."""
-        if calibrate is None:
-            model = self.models.load(variant, weights)
-        else:
-            model = self.models.load(variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False)
-            bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-            for bn in bns:
-                bn.momentum = None  # cumulative moving average: every batch weighs the same
-                bn.reset_running_stats()
-            model.train()
-            with torch.no_grad():
-                for x in calibrate:
-                    model(torch.from_numpy(x))
+    def logits(self, weights: Weights, variant: ModelConfig) -> torch.Tensor:
+        """Logits of the whole test set under the variant loaded with `weights`."""
+        return self.logits_of(self.models.load(variant, weights))
+
+    def logits_of(self, model: torch.nn.Module) -> torch.Tensor:
+        """Logits of the whole test set under `model` (eval mode, no grad)."""
         model.eval()
         with torch.no_grad():
             batches = (torch.tensor(self.x_test[i : i + self.batch_size]) for i in range(0, len(self.y), self.batch_size))

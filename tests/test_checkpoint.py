@@ -9,7 +9,7 @@ import torch
 
 from rayfl import checkpoint
 from rayfl.algorithms import server_opt
-from rayfl.algorithms.base import ServerState
+from rayfl.algorithms.messages import ServerState
 from rayfl.config import ConfigError
 from rayfl.loader import load_config
 from rayfl.runner import run_local

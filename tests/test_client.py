@@ -14,7 +14,8 @@ from torch import nn
 
 from rayfl import api
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientProcedure, ClientResult
+from rayfl.algorithms.base import ClientProcedure
+from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.fedavg import FedAvgConfig, FedAvgPolicy
 from rayfl.loader import load_config
 from rayfl.models import to_numpy

@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.messages import ClientResult
 from rayfl.loader import load_config, parse_config
 from rayfl.engine import build_federation, run_round
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
-from rayfl.runner import InProcessExecutor, prepare, run_federation, run_local, torch_threads
+from rayfl.runner import InProcessExecutor, run_local
+from rayfl.engine import prepare, run_federation, torch_threads
 
 
 @pytest.fixture(scope="module")

@@ -44,21 +44,20 @@ COUNT = "#count"
 """Suffix of a count sum's per-entry counts."""
 
 
-def add_up(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+def add_up(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The elementwise sum of name-keyed arrays, in float64, in the order given (the engine
     passes client-id order within a group and group order across them, so every runner adds the
-    same numbers the same way); None for no parts. A key missing from a part adds nothing (a
+    same numbers the same way); empty for no parts. A key missing from a part adds nothing (a
     policy may key summands by group, InclusiveFL); a shape mismatch raises."""
-    total: dict[str, np.ndarray] | None = None
+    total: dict[str, np.ndarray] = {}
     for part in parts:
         total = accumulate(total, part)
     return total
 
 
-def accumulate(total: dict[str, np.ndarray] | None, part: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`total` + `part` (in place; a new float64 total for None): one step of `add_up`, for a
-    caller that adds summands as they come instead of holding them."""
-    total = {} if total is None else total
+def accumulate(total: dict[str, np.ndarray], part: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`total` + `part`, in place (a key new to `total` starts as a float64 copy): one step of
+    `add_up`, for a caller that adds summands as they come instead of holding them."""
     for k, v in part.items():
         if k not in total:
             total[k] = np.array(v, np.float64)
@@ -78,7 +77,7 @@ def weighted_sum(update: Weights, weight: float) -> dict[str, np.ndarray]:
 
 def mean_of(total: Mapping[str, np.ndarray], like: Weights) -> dict[str, np.ndarray]:
     """FedAvg's sum_k n_k w_k / sum_k n_k from a weighted sum, each key cast to `like`'s dtype."""
-    if total is None or float(total[WEIGHT]) <= 0:
+    if WEIGHT not in total or float(total[WEIGHT]) <= 0:
         raise AggregationError("weights must be non-negative with a positive sum (no updates, or all of weight 0)")
     missing = sorted(set(like) - set(total))
     if missing:
@@ -166,11 +165,9 @@ def count_sum(
     return out
 
 
-def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """theta_e = sum_m w_m theta_m,e / sum_m w_m over the holders of each entry e; entries no
     client holds (and tensors absent from the total) keep their global value."""
-    if total is None:
-        return dict(global_weights)
     out = {}
     for name, old in global_weights.items():
         if name not in total:

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import FederationContext
 from ..config import ModelConfig, RunConfig
-from ..devices import configured_profile
-from ..optim import OptimizerSpec
+from .messages import FederationContext
 
 RATE_TOL = 1e-4
 
 
 def fitting_rate(config: RunConfig, context: FederationContext, budget: float, model: ModelConfig | None = None) -> float:
-    """The largest width rate in (0, 1] whose training memory (`ModelCost.training_memory` at the
-    run's batch size and optimizer) fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not
-    even the thinnest fits."""
+    """The largest width rate in (0, 1] whose training memory (`FederationContext.training_memory`)
+    fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not even the thinnest fits."""
     model = model or config.model
-    slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
-    need = lambda r: context.cost_of(model.model_copy(update={"rate": r})).training_memory(config.federation.batch_size, slots)  # noqa: E731
+    need = lambda r: context.training_memory(model.model_copy(update={"rate": r}))  # noqa: E731
     if need(1.0) <= budget:
         return 1.0
     lo, hi = 0.0, 1.0
@@ -33,6 +29,6 @@ def client_rates(config: RunConfig, context: FederationContext, model: ModelConf
     """(num_clients,) each client's width rate, once per device class: a `memory_width` budget r
     gives r itself (capped at 1: it is that width's measured memory), a `memory_mb` budget its
     `fitting_rate`."""
-    classes = configured_profile(config.devices).classes
+    classes = context.profile.classes
     per_class = [min(c.memory_width, 1.0) if c.memory_width is not None else fitting_rate(config, context, c.memory_mb * 2**20, model) for c in classes]
     return np.array(per_class)[context.device_classes]

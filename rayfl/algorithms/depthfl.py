@@ -41,7 +41,8 @@ from pydantic import Field
 from torch import nn
 
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .fedepth import FEDEPTH_MODELS
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
@@ -195,8 +196,7 @@ class DepthFLPolicy(ServerPolicy):
         self.shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.params = sorted(k for k, _ in model.named_parameters())
         """The global model's parameters (its auxiliary classifiers' included): FedDyn's h covers them."""
-        batch, slots = config.federation.batch_size, self.optimizer(1).state_slots
-        need = lambda d: context.cost_of(config.model.model_copy(update={"depth": d})).training_memory(batch, slots)  # noqa: E731
+        need = lambda d: context.training_memory(config.model.model_copy(update={"depth": d}))  # noqa: E731
         budgets, inverse = np.unique(context.memory_bytes, return_inverse=True)
         self.budget_depths = {float(b): fitting_depth(list(self.variants), need, float(b)) for b in budgets}
         self.client_depths = np.array(list(self.budget_depths.values()), dtype=int)[inverse]
@@ -216,12 +216,9 @@ class DepthFLPolicy(ServerPolicy):
         h = {k: np.zeros(self.shapes[k]) for k in self.params} if self.config.algorithm.feddyn else None
         return ServerState(round=0, weights=dict(weights), opt_state=h)
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Uniform sampling among the clients that fit a prefix."""
-        if self.client_depths.all():
-            return super().select(state, round, available)
-        available = np.asarray(available)
-        return super().select(state, round, available[self.client_depths[available] > 0])
+    def eligible(self, round: Round) -> np.ndarray:
+        """The clients that fit a prefix."""
+        return self.client_depths > 0
 
     def prefix(self, weights: Weights, depth: int) -> dict[str, np.ndarray]:
         """The depth-d prefix's tensors, by its own state-dict names."""
@@ -246,11 +243,10 @@ class DepthFLPolicy(ServerPolicy):
         held = {global_name(k, d, self.full_depth): v for k, v in result.weights.items()}
         return aggregate.count_sum({k: self.shapes[k] for k in held}, held)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Layer-wise: each tensor the mean over its n_k holders (others keep their value), then
         FedDyn's server step; each client's grad_prev kept for its next round."""
-        total = self.total(results, total)
-        if total is None:
+        if not total:
             return state.replace(round=round)
         mean = aggregate.count_finish(state.weights, total)
         h = state.opt_state
@@ -303,7 +299,7 @@ class DepthFLClient(ClientProcedure):
         if task.feddyn:
             host = lambda tensors: {k: v.cpu().numpy() for k, v in tensors.items()}  # noqa: E731
             keep["grad_prev"] = dyn_state_update(host(grad_prev), weights, host(theta_glob), task.alpha)
-        return ClientResult(task.client_id, task.round, weights, len(data), samples, total / max(samples, 1), {"depth": float(len(model.layers))}, keep)
+        return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics={"depth": float(len(model.layers))}, keep=keep)
 
 
 DEPTHFL = register(Algorithm("depthfl", "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS))

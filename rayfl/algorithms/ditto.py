@@ -18,17 +18,20 @@ selected holds v_k = w) on the client's own test data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Mapping, Sequence, TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from .base import ClientResult, ClientTask, LocalState, ServerState
+from .messages import ClientResult, ClientTask, ServerState
+from .local import LocalState
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
+from .fedprox import squared_distance
 from .registry import Algorithm, register
 from ..models import to_numpy, to_torch
-from ..personalize import accuracy_stats, own_test_rows, predictions
+from .personal import accuracy_stats, own_test_rows, predictions
 from ..types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
@@ -56,7 +59,7 @@ class DittoPolicy(FedAvgPolicy):
         """Alg. 1: w^t to each selected client, with its v_k (w^t when it has none yet)."""
         return [self.task(c, round, state.weights, kind=DittoTask, personal=state.clients.get(c, state.weights)) for c in clients]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """FedAvg's w^{t+1}; each client's new v_k kept as it is (never averaged)."""
         new = super().aggregate(state, round, results, total)
         clients = {**state.clients, **{r.client_id: r.keep["personal"] for r in results}}
@@ -91,8 +94,7 @@ def personal_step(v: LocalState, batch: tuple[torch.Tensor, torch.Tensor], lam: 
     Returns the batch's h_k."""
     x, y = batch
     v.optimizer.zero_grad(set_to_none=True)
-    prox = sum(((p - w) ** 2).sum() for p, w in zip(v.model.parameters(), v.extras))
-    loss = F.cross_entropy(v.model(x), y) + lam / 2 * prox
+    loss = F.cross_entropy(v.model(x), y) + lam / 2 * squared_distance(dict(v.model.named_parameters()), v.extras)
     loss.backward()
     v.optimizer.step()
     return float(loss.detach())
@@ -101,13 +103,11 @@ def personal_step(v: LocalState, batch: tuple[torch.Tensor, torch.Tensor], lam: 
 class DittoClient(FedAvgClient):
     """FedAvg's local SGD on w and Ditto's personal steps on v_k, batch by batch."""
 
-    vectorizable = False  # two models per client, and v_k differs from client to client
-
     def run(self, task: DittoTask, data, ctx) -> ClientResult:
         state = self.init(task, ctx.load(task.model, task.weights))
         personal = ctx.build(task.model)
         personal.load_state_dict(to_torch(task.personal))
-        reference = [p.detach().clone() for p in state.model.parameters()]  # w^t
+        reference = {n: p.detach().clone() for n, p in state.model.named_parameters()}  # w^t
         v = LocalState(personal.train(), task.optimizer.build(personal.parameters()), reference)
         lam = self.config.algorithm.lam
         total = personal_total = 0.0
@@ -118,8 +118,9 @@ class DittoClient(FedAvgClient):
             personal_total += ctx.finite(personal_step(v, batch, lam)) * len(b)
             samples += len(b)
         n = max(samples, 1)
-        return ClientResult(
-            task.client_id, task.round, to_numpy(state.model), len(data), samples, total / n, {"personal_loss": personal_total / n}, {"personal": to_numpy(personal)}
+        return ClientResult.of(
+            task, weights=to_numpy(state.model), num_examples=len(data), num_samples=samples, train_loss=total / n,
+            metrics={"personal_loss": personal_total / n}, keep={"personal": to_numpy(personal)},
         )
 
 

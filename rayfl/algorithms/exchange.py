@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from .base import ClientResult, ServerState
+from .messages import ClientResult, ServerState
 
 T = TypeVar("T")
 

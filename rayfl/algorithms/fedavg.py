@@ -9,7 +9,8 @@ Client: E epochs of minibatch SGD on the cross-entropy loss.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -18,7 +19,9 @@ from pydantic import Field
 from torch import nn
 
 from . import aggregate, server_opt
-from .base import ClientProcedure, ClientResult, ClientTask, LocalState, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .local import ClientContext, ClientData, LocalState
+from .messages import ClientFailure, ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig
 from .vectorize import train_vectorized
@@ -48,11 +51,11 @@ class FedAvgPolicy(ServerPolicy):
         """n_k x_k and n_k (Alg. 1 l.9's weighted sum)."""
         return aggregate.weighted_sum(result.weights, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Alg. 1 l.9: x_{t+1} <- x_t + eta * sum_k (n_k / n)(x_k - x_t)."""
         if not results:
             return state.replace(round=round)
-        mean = aggregate.mean_of(self.total(results, total), state.weights)
+        mean = aggregate.mean_of(total, state.weights)
         params = [k for k in state.weights if k in self.context.param_names]
         delta = aggregate.difference(mean, state.weights, params)
         opt_state, new_params = server_opt.apply(state.opt_state, state.weights, delta)
@@ -60,24 +63,58 @@ class FedAvgPolicy(ServerPolicy):
         return state.replace(round=round, weights=weights, opt_state=opt_state)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What a client's loss reads besides its batch: the per-client tensors of its data term
+    (`FedAvgClient.loss_inputs`) and, when the procedure has a `penalty`, the initial
+    parameters w^t it pulls towards."""
+
+    inputs: Mapping[str, torch.Tensor]
+    anchor: Mapping[str, torch.Tensor] | None
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over any leading dimensions of `logits` (..., C) and `y` (...): one batch's
+    mean, or (`none`) a loss per sample in `y`'s shape (K clients' padded batches at once)."""
+    out = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
+    return out if reduction == "mean" else out.view(y.shape)
+
+
 class FedAvgClient(ClientProcedure):
-    """Local minibatch training with the task's optimizer (SGD by default); vectorizable."""
+    """Local minibatch training with the task's optimizer (SGD by default) on one objective:
+    the data term `data_loss` (cross-entropy) plus, when a subclass defines one, a `penalty`
+    over the parameters (FedProx's Eq. 2). The sequential `step` and the vectorized computation
+    (`run_vectorized`, for algorithms registered `vectorizable`) both call these, so an
+    objective is written once."""
 
-    vectorizable = True
+    penalty: Callable[..., torch.Tensor] | None = None
+    """`penalty(params, anchor, batched)`: a term over the parameters and their initial values,
+    a scalar, or (K,) for K stacked clients (`batched`); None: the data term alone."""
 
-    def run_vectorized(self, tasks, datas, ctx):
-        """K clients' local epochs in one batched computation (`vectorize`)."""
-        return train_vectorized(tasks, datas, ctx, self.penalty)
+    def loss_inputs(self, task: ClientTask, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Per-client tensors the data term reads (HeteroFL's label mask); stacked over the
+        clients of a vectorized call."""
+        return {}
 
-    penalty = None
-    """A per-client loss term over stacked parameters for the vectorized path (FedProx's)."""
+    def data_loss(self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean") -> torch.Tensor:
+        """The data term: `cross_entropy` (its reduction as asked)."""
+        return cross_entropy(logits, y, reduction)
+
+    def run_vectorized(self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:
+        """K clients' local epochs in one batched computation (`vectorize.train_vectorized`)."""
+        return train_vectorized(self, tasks, datas, ctx)
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
         model.train()
-        return LocalState(model, task.optimizer.build(model.parameters()))
+        anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if self.penalty is not None else None  # w^t
+        return LocalState(model, task.optimizer.build(model.parameters()), Objective(self.loss_inputs(task, model), anchor))
 
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, y)
+        """The objective on one batch: the data term, plus the penalty when there is one."""
+        loss = self.data_loss(logits, y, state.extras.inputs)
+        if self.penalty is not None:
+            loss = loss + self.penalty(dict(state.model.named_parameters()), state.extras.anchor, False)
+        return loss
 
     def step(self, state: LocalState, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         x, y = batch
@@ -88,4 +125,4 @@ class FedAvgClient(ClientProcedure):
         return float(loss.detach())
 
 
-FEDAVG = register(Algorithm("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted model averaging", FedAvgConfig, FedAvgPolicy, FedAvgClient))
+FEDAVG = register(Algorithm("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted model averaging", FedAvgConfig, FedAvgPolicy, FedAvgClient, vectorizable=True))

@@ -47,7 +47,8 @@ from pydantic import Field
 from torch import nn
 
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import flops_on, nbytes, saved_bytes
@@ -313,12 +314,9 @@ class FeDepthPolicy(ServerPolicy):
         clients = {"initial": dict(weights)} if any(p and p.models > 1 for p in self.plans.values()) else {}
         return ServerState(round=0, weights=dict(weights), clients=clients)
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Uniform sampling among the available clients whose budget fits a plan."""
-        if self.fits.all():
-            return super().select(state, round, available)
-        available = np.asarray(available)
-        return super().select(state, round, available[self.fits[available]])
+    def eligible(self, round: Round) -> np.ndarray:
+        """The clients whose budget fits a plan."""
+        return self.fits
 
     def peers_of(self, state: ServerState, client: ClientId, n: int) -> tuple[Weights, ...]:
         """The client's MKD peers as kept, or copies of the initial global model."""
@@ -348,12 +346,12 @@ class FeDepthPolicy(ServerPolicy):
         keys = self.trained(result.client_id)
         return aggregate.count_sum({k: self.shapes[k] for k in keys}, {k: result.weights[k] for k in keys}, None, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Each tensor: the sample-weighted mean over the round's clients that trained it (others
         keep their value); MKD clients' peers kept for their next round."""
         if not results:
             return state.replace(round=round)
-        weights = aggregate.count_finish(state.weights, self.total(results, total))
+        weights = aggregate.count_finish(state.weights, total)
         clients = dict(state.clients)
         for r in results:  # client-id order: with shared peers the last client's are kept, as the code's loop
             if r.keep:
@@ -445,7 +443,7 @@ class FeDepthClient(ClientProcedure):
             total = loss_sum  # the code reports the last stage's loss
         model.requires_grad_(True)
         per_stage = samples // len(task.blocks)
-        return ClientResult(task.client_id, task.round, to_numpy(model), len(data), samples, total / max(per_stage, 1), {"stages": float(len(task.blocks))})
+        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(per_stage, 1), metrics={"stages": float(len(task.blocks))})
 
     @staticmethod
     def prefix(model: nn.Module, task: FeDepthTask, frozen: Sequence[nn.Module], data) -> torch.Tensor:
@@ -480,7 +478,7 @@ class FeDepthClient(ClientProcedure):
                     total += ctx.finite(float(loss.detach())) * len(b)
             samples += len(b)
         keep = {"peers": [to_numpy(m) for m in models[1:]]}
-        return ClientResult(task.client_id, task.round, to_numpy(models[0]), len(data), samples, total / max(samples, 1), {"stages": 1.0}, keep)
+        return ClientResult.of(task, weights=to_numpy(models[0]), num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics={"stages": 1.0}, keep=keep)
 
 
 FEDEPTH = register(Algorithm("fedepth", "FeDepth (Zhang et al. 2023): memory-adaptive depth-wise training of the full model, skip links to the head", FeDepthConfig, FeDepthPolicy, FeDepthClient, FEDEPTH_MODELS))

@@ -19,7 +19,8 @@ from ..types import Weights
 
 
 class FedOptConfig(AlgorithmConfig):
-    name: Literal["fedadam", "fedyogi", "fedadagrad"] = "fedadam"
+    name: Literal["fedadam"] = "fedadam"
+    kind: Literal["adam"] = Field("adam", description="the server optimizer: adam, yogi or adagrad, set by the algorithm's name")
     server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta_1")
     beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta_2 (Adam, Yogi)")
@@ -29,9 +30,18 @@ class FedOptConfig(AlgorithmConfig):
 class FedOptPolicy(FedAvgPolicy):
     def opt_init(self, params: Weights) -> server_opt.ServerOptState:
         cfg = self.config.algorithm
-        kind = cfg.name.removeprefix("fed")
-        return server_opt.init(kind, params, eta=cfg.server_lr, beta1=cfg.beta1, beta2=cfg.beta2, tau=cfg.tau)
+        return server_opt.init(cfg.kind, params, eta=cfg.server_lr, beta1=cfg.beta1, beta2=cfg.beta2, tau=cfg.tau)
 
 
-for _name, _title in (("fedadam", "FedAdam"), ("fedyogi", "FedYogi"), ("fedadagrad", "FedAdagrad")):
-    register(Algorithm(_name, f"{_title} (Reddi et al. 2021): adaptive server optimizer", FedOptConfig, FedOptPolicy, FedAvgClient))
+class FedYogiConfig(FedOptConfig):
+    name: Literal["fedyogi"] = "fedyogi"
+    kind: Literal["yogi"] = "yogi"
+
+
+class FedAdagradConfig(FedOptConfig):
+    name: Literal["fedadagrad"] = "fedadagrad"
+    kind: Literal["adagrad"] = "adagrad"
+
+
+for _cfg, _title in ((FedOptConfig, "FedAdam"), (FedYogiConfig, "FedYogi"), (FedAdagradConfig, "FedAdagrad")):
+    register(Algorithm(_cfg.model_fields["name"].default, f"{_title} (Reddi et al. 2021): adaptive server optimizer", _cfg, FedOptPolicy, FedAvgClient, vectorizable=True))

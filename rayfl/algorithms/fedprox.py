@@ -7,11 +7,11 @@ The server is FedAvg's. Each client minimises h_k(w; w^t) = F_k(w) + (mu/2) ||w 
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from pydantic import Field
-from torch import nn
 
-from .base import ClientTask, LocalState
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .registry import Algorithm, register
 
@@ -21,20 +21,18 @@ class FedProxConfig(FedAvgConfig):
     mu: float = Field(0.01, ge=0, description="proximal weight mu of Eq. 2")
 
 
+def squared_distance(params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool = False) -> torch.Tensor:
+    """||w - w^t||^2 over every parameter: a scalar, or (K,) for K clients' stacked parameters
+    (`batched`: each tensor's first dimension is the client)."""
+    return sum(((p - anchor[n]) ** 2).flatten(int(batched)).sum(-1) for n, p in params.items())
+
+
 class FedProxClient(FedAvgClient):
-    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
-        state = super().init(task, model)
-        state.extras = [p.detach().clone() for p in model.parameters()]  # w^t
-        return state
+    """FedAvg's local training on h_k (Eq. 2): the cross-entropy plus the proximal term."""
 
-    def penalty(self, params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Eq. 2's proximal term for K stacked clients: (mu / 2) ||w_k - w^t||^2 each."""
-        return self.config.algorithm.mu / 2 * sum(((p - initial[n]) ** 2).flatten(1).sum(1) for n, p in params.items())
-
-    def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Eq. 2: F_k(w) + (mu / 2) ||w - w^t||^2."""
-        prox = sum(((p - p0) ** 2).sum() for p, p0 in zip(state.model.parameters(), state.extras))
-        return super().loss(state, logits, y) + self.config.algorithm.mu / 2 * prox
+    def penalty(self, params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool) -> torch.Tensor:
+        """Eq. 2's proximal term (mu / 2) ||w - w^t||^2 (per client when `batched`)."""
+        return self.config.algorithm.mu / 2 * squared_distance(params, anchor, batched)
 
 
-FEDPROX = register(Algorithm("fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term mu", FedProxConfig, FedAvgPolicy, FedProxClient))
+FEDPROX = register(Algorithm("fedprox", "FedProx (Li et al. 2020): FedAvg with a proximal term mu", FedProxConfig, FedAvgPolicy, FedProxClient, vectorizable=True))

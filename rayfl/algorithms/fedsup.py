@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -34,11 +34,12 @@ from pydantic import Field
 
 from .. import rng
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .local import epoch_batches
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .fedavg import FedAvgClient
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
-from ..devices import configured_profile
 from ..devices.cost import flops_on, nbytes
 from ..models import build_model, to_numpy
 from ..models.supernet import Block, Stem, Subnet, SupernetConfig, crop, largest, medium, random_subnet, smallest
@@ -178,7 +179,7 @@ class FedSupPolicy(ServerPolicy):
         self.costs = SubnetCosts(self.super, context.input_shape, context.num_classes)
         self.children = {"big": largest(self.super), "medium": medium(self.super), "small": smallest(self.super)}
         if self.efficient:
-            classes = configured_profile(config.devices).classes
+            classes = context.profile.classes
             cfg = config.algorithm
             lo = self.size(smallest(self.super)) / self.size(largest(self.super))
             self.budgets = list(cfg.tier_budgets) if cfg.tier_budgets is not None else list(np.linspace(lo, 1.0, len(classes)))
@@ -234,9 +235,8 @@ class FedSupPolicy(ServerPolicy):
         shapes = {k: self.shapes[k] for k in result.weights}
         return {**aggregate.count_sum(shapes, result.weights, None, n, where=crop), aggregate.WEIGHT: np.array(float(n))}
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
-        total = self.total(results, total)
-        if total is None:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+        if not total:
             return state.replace(round=round)
         count = self.efficient and self.config.algorithm.aggregation == "count"
         weights = aggregate.count_finish(state.weights, total) if count else fill_finish(state.weights, total)
@@ -247,7 +247,6 @@ class FedSupPolicy(ServerPolicy):
         (replaying the client's draws; iterations of equal size)."""
         if self.efficient:
             return result.num_samples * self.costs(Subnet.of(task.model))[0], nbytes(task.weights), nbytes(result.weights)
-        from ..client import epoch_batches  # lazily: rayfl.client imports the algorithms
 
         n = result.num_examples or 1
         steps = task.local_epochs * len(epoch_batches(n, task.batch_size, np.random.default_rng(0)))
@@ -312,8 +311,8 @@ class FedSupClient(ClientProcedure):
             total += ctx.finite(float(loss.detach())) * len(b)
             samples += len(b)
         model.set_active(largest(task.model))
-        return ClientResult(task.client_id, task.round, to_numpy(model), len(data), samples, total / max(samples, 1))
+        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1))
 
 
 FEDSUP = register(Algorithm("fedsup", "FedSup (Kim & Yun 2023): supernet broadcast, sandwich-sampled sub-nets with in-place distillation per step", FedSupConfig, FedSupPolicy, FedSupClient, SUPERNET_MODELS))
-EFEDSUP = register(Algorithm("efedsup", "E-FedSup (Kim & Yun 2023): one FLOPs-fitting sub-net per client by tier, only the sub-net travels", EFedSupConfig, EFedSupPolicy, FedAvgClient, SUPERNET_MODELS))
+EFEDSUP = register(Algorithm("efedsup", "E-FedSup (Kim & Yun 2023): one FLOPs-fitting sub-net per client by tier, only the sub-net travels", EFedSupConfig, EFedSupPolicy, FedAvgClient, SUPERNET_MODELS, vectorizable=True))

@@ -31,27 +31,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
 
 from .. import rng
 from . import aggregate
 from .budget import client_rates
-from .base import ClientResult, ClientTask, FederationContext, LocalState, ServerPolicy, ServerState
-from .fedavg import FedAvgClient
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .base import ServerPolicy
+from .fedavg import FedAvgClient, cross_entropy
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..data import Clients
-from ..devices import configured_profile
 from ..evaluate import Evaluator, scores
-from ..models import build_model
+from ..models import ModelCache, build_model
 from ..models.layers import DepthConfig, ScaledConfig
-from ..types import ClientId, Round
+from ..types import ClientId, Round, Weights
 
 RATES = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
 _MIX = re.compile(r"^[a-e]\d+(-[a-e]\d+)*$")
@@ -140,6 +139,10 @@ class HeteroFLTask(ClientTask):
     label_split: tuple[int, ...] = ()
     """Classes of the client's data: the masked cross-entropy keeps only these."""
 
+    def columns(self) -> dict[str, Any]:
+        """FedAvg's columns and the width rate of the client's level (`model_rate`)."""
+        return {**super().columns(), "model_rate": self.model.rate}
+
 
 class HeteroFLPolicy(ServerPolicy):
     sums = True
@@ -161,15 +164,14 @@ class HeteroFLPolicy(ServerPolicy):
         if mode == "fix":
             self.fixed = assign_fix(self.levels, context.num_clients)
         elif mode == "capability":
-            slots = self.optimizer(1).state_slots
-            need = [context.cost_of(v).training_memory(config.federation.batch_size, slots) for v in self.variants]
+            need = [context.training_memory(v) for v in self.variants]
             self.fixed = assign_capability(self.levels, need, context.memory_bytes)
             if (self.fixed < 0).all():
                 raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
         elif mode == "budget":
             self.fixed = by_budget
         elif mode == "class":
-            classes = configured_profile(config.devices).classes
+            classes = context.profile.classes
             if len(classes) != len(self.levels):
                 raise ConfigError(f"algorithm.levels: mode class needs one level per device class ({len(classes)} in profile {config.devices.profile!r}), not {len(self.levels)}")
             self.fixed = len(classes) - 1 - np.asarray(context.device_classes)
@@ -191,8 +193,9 @@ class HeteroFLPolicy(ServerPolicy):
         p = np.array([l.proportion for l in self.levels], float)
         return int(rng.generator(self.context.seed, "level", round, client).choice(len(self.levels), p=p / p.sum()))
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        return super().select(state, round, [c for c in available if self.level_of(round, c) >= 0])
+    def eligible(self, round: Round) -> np.ndarray | None:
+        """The clients with a level (every client when levels are drawn each round)."""
+        return None if self.fixed is None else self.fixed >= 0
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         tasks = []
@@ -210,11 +213,11 @@ class HeteroFLPolicy(ServerPolicy):
         weight = result.num_examples if self.config.algorithm.weighting == "samples" else 1.0
         return aggregate.count_sum(self.shapes[0], result.weights, mask, weight)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Sec. 3.1: per-entry mean over the clients holding it; classifier rows by label split."""
         if not results:
             return state.replace(round=round)
-        return state.replace(round=round, weights=aggregate.count_finish(state.weights, self.total(results, total)))
+        return state.replace(round=round, weights=aggregate.count_finish(state.weights, total))
 
     def class_mask(self, client: ClientId) -> np.ndarray:
         mask = np.zeros(self.context.num_classes, bool)
@@ -241,7 +244,9 @@ class HeteroFLPolicy(ServerPolicy):
         y = evaluator.y
         out: dict[str, float] = {}
         for k, (level, variant) in enumerate(zip(self.levels, self.variants)):
-            logits = evaluator.logits(aggregate.extract(state.weights, self.shapes[k]), variant, calibrate)
+            weights = aggregate.extract(state.weights, self.shapes[k])
+            model = evaluator.models.load(variant, weights) if calibrate is None else static_bn(evaluator.models, variant, weights, calibrate)
+            logits = evaluator.logits_of(model)
             acc = scores(logits, y)
             if k == 0:
                 out.update(test_accuracy=acc["accuracy"], test_loss=acc["loss"], test_accuracy_local=self.local_accuracy(logits, y))
@@ -276,6 +281,21 @@ class HeteroFLPolicy(ServerPolicy):
         }
 
 
+def static_bn(models: ModelCache, variant: ModelConfig, weights: Weights, calibrate: Sequence[np.ndarray]) -> nn.Module:
+    """Sec. 3.2's static BN before evaluation: the variant with batch norm that tracks statistics
+    (and no Scaler), loaded with `weights`, its running statistics recomputed as the cumulative
+    average over the `calibrate` batches of training inputs (every batch weighs the same)."""
+    model = models.load(variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False)
+    for bn in (m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)):
+        bn.momentum = None  # cumulative moving average
+        bn.reset_running_stats()
+    model.train()
+    with torch.no_grad():
+        for x in calibrate:
+            model(torch.from_numpy(x))
+    return model
+
+
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor, fill: str) -> torch.Tensor:
     """Logits of classes outside the label split set to 0 (public code) or -inf; `none` keeps them."""
     if fill == "none":
@@ -293,24 +313,23 @@ def _classifier_keys(shapes: dict[str, tuple[int, ...]]) -> list[str]:
 class HeteroFLClient(FedAvgClient):
     """Local SGD on the sub-model with the masked cross-entropy of Sec. 3.2."""
 
-    vectorizable = False  # clients of a round train sub-models of different widths
-
-    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
-        state = super().init(task, model)
+    def loss_inputs(self, task: HeteroFLTask, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The client's label split as a class mask, on the model's device."""
         mask = torch.zeros(model_classes(model), dtype=torch.bool)
         mask[list(task.label_split)] = True
-        state.extras = mask
-        return state
+        return {"mask": mask.to(next(model.parameters()).device)}
 
-    def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(masked_logits(logits, state.extras.to(logits.device), self.config.algorithm.mask), y)
+    def data_loss(self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean") -> torch.Tensor:
+        """Sec. 3.2's masked cross-entropy (a mask per client when vectorized: clients of one
+        width train together, `ray.vectorize`)."""
+        return cross_entropy(masked_logits(logits, inputs["mask"], self.config.algorithm.mask), y, reduction)
 
 
 def model_classes(model: nn.Module) -> int:
     return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
 
 
-HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient))
+HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True))
 
 
 # Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics).
@@ -348,4 +367,4 @@ for _cfg, _summary in (
     (AllSmallConfig, "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)"),
     (ExclusiveFLConfig, "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)"),
 ):
-    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, HeteroFLPolicy, HeteroFLClient))
+    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, HeteroFLPolicy, HeteroFLClient, vectorizable=True))

@@ -36,11 +36,13 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from . import aggregate, server_opt
-from .base import ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .base import ServerPolicy
 from .fedavg import FedAvgClient
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices import configured_profile
+from ..devices.profile import DeviceClass
 from ..models import build_model
 from ..models.layers import DepthConfig, is_head, layer_of
 from ..types import ClientId, Round, Weights
@@ -167,13 +169,15 @@ class InclusiveFLPolicy(ServerPolicy):
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
-        self.groups = self.plan(config)
+        self.groups = self.plan(config, context.profile.classes)
         self.depths = [g.depth for g in self.groups]
         self.variants = [config.model.model_copy(update={"depth": g.depth}) for g in self.groups]
         self.keys = [list(build_model(v, context.input_shape, context.num_classes).state_dict()) for v in self.variants]
         self.prefix = type(config.model).layer_prefix
         of_class = {c: j for j, g in enumerate(self.groups) for c in g.classes}
-        self.class_group = np.array([of_class.get(i, -1) for i in range(len(configured_profile(config.devices).classes))])
+        self.class_group = np.array([of_class.get(i, -1) for i in range(len(context.profile.classes))])
+        self.grouped = self.class_group[context.device_classes] >= 0
+        """(num_clients,) whether a client's device class has a group (ExclusiveFL: the strongest only)."""
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -182,17 +186,16 @@ class InclusiveFLPolicy(ServerPolicy):
         depths = parse_depths(config.algorithm.depths)
         if max(depths) != config.model.depth:
             raise ConfigError(f"algorithm.depths: the largest depth ({max(depths)}) must be model.depth ({config.model.depth})")
-        groups = cls.plan(config)
+        groups = cls.plan(config, configured_profile(config.devices).classes)
         lrs = config.algorithm.server_lrs
         if lrs is not None and len(lrs) != len(groups):
             raise ConfigError(f"algorithm.server_lrs: {len(lrs)} rates for {len(groups)} depth groups")
 
     @classmethod
-    def plan(cls, config: RunConfig) -> list[Group]:
+    def plan(cls, config: RunConfig, classes: Sequence[DeviceClass]) -> list[Group]:
         """InclusiveFL: one group per device class, weakest first (the paper's weak / medium /
         strong). A baseline: one group, every class (AllLarge at the largest depth, AllSmall at
         the smallest) or the strongest class only (ExclusiveFL at the largest depth)."""
-        classes = configured_profile(config.devices).classes
         depths = parse_depths(config.algorithm.depths)
         baseline = config.algorithm.baseline if isinstance(config.algorithm, DepthBaselineConfig) else None
         everyone = tuple(range(len(classes)))
@@ -248,11 +251,8 @@ class InclusiveFLPolicy(ServerPolicy):
 
     # ----------------------------------------------------------------------- the round
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        if (self.class_group >= 0).all():
-            return super().select(state, round, available)
-        available = np.asarray(available)  # ExclusiveFL: only the classes with a group, one vectorized pass
-        return super().select(state, round, available[self.class_group[self.context.device_classes[available]] >= 0])
+    def eligible(self, round: Round) -> np.ndarray:
+        return self.grouped
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         subs: dict[int, dict[str, np.ndarray]] = {}
@@ -270,11 +270,10 @@ class InclusiveFLPolicy(ServerPolicy):
         weight = 1.0 if self.config.algorithm.group_weighting == "users" else result.num_examples
         return {f"{self.group_of(result.client_id)}/{k}": v for k, v in aggregate.weighted_sum(result.weights, weight).items()}
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Alg. 1 l. 8-29 for the groups that had clients this round; a group that sat the round
         out keeps its top layer, head, optimizer and momentum."""
-        total = self.total(results, total)
-        if total is None:
+        if not total:
             return state.replace(round=round)
         largest = len(self.groups) - 1
         groups, new, shares = list(state.opt_state), {}, {}
@@ -318,7 +317,7 @@ def parse_depths(depths: str) -> list[int]:
 
 
 INCLUSIVEFL = register(
-    Algorithm("inclusivefl", "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation", InclusiveFLConfig, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS)
+    Algorithm("inclusivefl", "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation", InclusiveFLConfig, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True)
 )
 
 
@@ -351,4 +350,4 @@ for _cfg, _summary in (
     (AllSmallDepthConfig, "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client"),
     (ExclusiveFLDepthConfig, "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only"),
 ):
-    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS))
+    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True))

@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
 from torch import nn
 
 from . import aggregate
-from .base import ClientFailure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, ServerState
+from .base import ServerPolicy
 from .fedavg import FedAvgClient
 from .localonly import mean_of, own_model_scores
-from ..personalize import accuracy_stats, own_test_rows
+from .personal import accuracy_stats, own_test_rows
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, RunConfig
 from ..evaluate import Evaluator
@@ -90,11 +91,11 @@ class LGFedAvgPolicy(ServerPolicy):
         """n_k theta^g_k and n_k (the result's weights are theta^g_k alone)."""
         return aggregate.weighted_sum(result.weights, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Alg. 1 (server): theta^g <- sum_k n_k theta^g_k / sum_k n_k; theta^l_k kept per client."""
         if not results:
             return state.replace(round=round)
-        top = aggregate.mean_of(self.total(results, total), self.split(state.weights)[0])
+        top = aggregate.mean_of(total, self.split(state.weights)[0])
         clients = {**state.clients, **{r.client_id: dict(r.keep["body"]) for r in results}}
         return state.replace(round=round, weights=aggregate.merge(state.weights, top), clients=clients)
 
@@ -142,4 +143,4 @@ def split_result(task: LGTask, out: ClientResult | ClientFailure) -> ClientResul
     return dataclasses.replace(out, weights=top, keep={"body": body})
 
 
-LGFEDAVG = register(Algorithm("lgfedavg", "LG-FedAvg (Liang et al. 2020): local bodies, FedAvg over the global top layers", LGFedAvgConfig, LGFedAvgPolicy, LGFedAvgClient))
+LGFEDAVG = register(Algorithm("lgfedavg", "LG-FedAvg (Liang et al. 2020): local bodies, FedAvg over the global top layers", LGFedAvgConfig, LGFedAvgPolicy, LGFedAvgClient, vectorizable=True))

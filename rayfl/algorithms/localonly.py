@@ -20,12 +20,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .base import ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .base import ServerPolicy
 from .fedavg import FedAvgClient
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ModelConfig
 from ..evaluate import Evaluator, scores
-from ..personalize import accuracy_stats, client_logits, own_test_rows
+from .personal import accuracy_stats, client_logits, own_test_rows
 from ..types import ClientId, Round, Weights
 
 
@@ -53,7 +54,7 @@ class LocalOnlyPolicy(ServerPolicy):
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         return [self.task(c, round, self.own_model(state, c)) for c in clients]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """No averaging: each trained client's w_k replaces its previous one; w_0 stays."""
         clients = {**state.clients, **{r.client_id: r.weights for r in results}}
         return state.replace(round=round, clients=clients)
@@ -75,4 +76,4 @@ class LocalOnlyPolicy(ServerPolicy):
         return accuracy_stats([], [s["accuracy"] for s in own])
 
 
-LOCALONLY = register(Algorithm("localonly", "Local-only (FedSup Table 2): each client trains its own model, never averaged", LocalOnlyConfig, LocalOnlyPolicy, FedAvgClient))
+LOCALONLY = register(Algorithm("localonly", "Local-only (FedSup Table 2): each client trains its own model, never averaged", LocalOnlyConfig, LocalOnlyPolicy, FedAvgClient, vectorizable=True))

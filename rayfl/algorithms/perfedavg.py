@@ -29,8 +29,9 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import rng
-from .base import ClientProcedure, ClientResult, ClientTask, ServerState
-from ..personalize import accuracy_stats, own_test_rows, predictions
+from .base import ClientProcedure
+from .messages import ClientResult, ClientTask, ServerState
+from .personal import accuracy_stats, own_test_rows, predictions
 from .fedavg import FedAvgConfig, FedAvgPolicy
 from .registry import Algorithm, register
 from ..models import to_numpy
@@ -120,7 +121,7 @@ class PerFedAvgClient(ClientProcedure):
             total += loss * len(idx[1])
             outer += len(idx[1])
             samples += len(idx[0]) + len(idx[1]) + 2 * sum(len(b) for b in idx[2:])  # HF: two gradients on D''
-        return ClientResult(task.client_id, task.round, to_numpy(model), len(data), samples, total / max(outer, 1))
+        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(outer, 1))
 
 
 # --------------------------------------------------------------------------- server

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from .. import rng
-from .base import ClientResult, ClientTask, LocalState, ServerState
+from .messages import ClientResult, ClientTask, ServerState
+from .local import LocalState
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .registry import Algorithm, register
 from ..devices.cost import client_time, nbytes
@@ -59,7 +60,7 @@ class PyramidFLPolicy(FedAvgPolicy):
         fastest = sorted(chosen, key=lambda c: (self.predicted_time(c, round, size), c))[:k]
         return sorted(fastest)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """FedAvg, then each participant's reward: the norm of its update x_k - x_t (which the
         client reports, `update_norm`)."""
         new = super().aggregate(state, round, results, total)
@@ -73,7 +74,6 @@ class PyramidFLClient(FedAvgClient):
     """FedAvg's local training; the result also reports ||x_k - x_t|| over the parameters
     (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads."""
 
-    vectorizable = False  # its report needs each client's `final`
 
     def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
         result = super().final(task, state, num_examples, num_samples, loss)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from ..config import AlgorithmConfig
-
-if TYPE_CHECKING:
-    from .base import ClientProcedure, ServerPolicy
+from .base import ClientProcedure, ServerPolicy
 
 
 @dataclass(frozen=True)
@@ -16,10 +14,13 @@ class Algorithm:
     name: str
     summary: str
     config_class: type[AlgorithmConfig]
-    policy: type["ServerPolicy"]
-    procedure: type["ClientProcedure"]
+    policy: type[ServerPolicy]
+    procedure: type[ClientProcedure]
     default_models: Mapping[str, str] = field(default_factory=dict)
     """Dataset name -> the model family this algorithm takes when the config names none."""
+    vectorizable: bool = False
+    """Opt-in: the procedure trains `ray.vectorize` clients of one variant in one batched call
+    (`run_vectorized`, `vectorize.train_vectorized` over the procedure's own loss)."""
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

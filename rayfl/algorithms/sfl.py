@@ -12,12 +12,13 @@ workers' features into one top step per iteration instead (MergeSFL's feature me
 
 from __future__ import annotations
 
-from typing import Sequence
+import numpy as np
+from typing import Mapping, Sequence
 
 from pydantic import Field
 
 from . import aggregate
-from .base import ClientResult, ClientTask, ServerState
+from .messages import ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 from ..config import AlgorithmConfig
 from .split import SplitClient, SplitPolicy, SplitTask
@@ -38,7 +39,7 @@ class SFLPolicy(SplitPolicy):
         bottom = self.bottom(state.weights)
         return [self.task(c, round, bottom, kind=SplitTask, local_epochs=1, tau=self.config.algorithm.tau) for c in clients]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Bottom models averaged by samples processed (Eq. 17 with d_i); the top model is the
         server's, already folded into `state` by the round's `TopServer.finish`."""
         if not results:

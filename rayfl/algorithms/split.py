@@ -22,7 +22,8 @@ from torch import nn
 
 from .. import rng
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .exchange import ClientSession, Relay, RoundDriver
 from ..config import ConfigError, RunConfig
 from ..devices.cost import measure, nbytes
@@ -32,7 +33,7 @@ from ..optim import OptimizerSpec
 from ..types import ClientId, Round, Weights
 
 if TYPE_CHECKING:
-    from ..client import ClientContext, ClientData
+    from .local import ClientContext, ClientData
 
 
 def merged_step(
@@ -125,7 +126,7 @@ class SplitSession(ClientSession):
 
     def close(self) -> ClientResult:
         samples = self.task.tau * min(self.task.batch_size, len(self.data))
-        return ClientResult(self.task.client_id, self.task.round, to_numpy(self.bottom), len(self.data), samples, float(np.mean(self.losses)))
+        return ClientResult.of(self.task, weights=to_numpy(self.bottom), num_examples=len(self.data), num_samples=samples, train_loss=float(np.mean(self.losses)))
 
 
 class SplitClient(ClientProcedure):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from pydantic import Field, field_validator
 
 from .. import rng
 from . import aggregate
-from .base import ClientProcedure, ClientResult, ClientTask, FederationContext, ServerPolicy, ServerState
+from .base import ClientProcedure, ServerPolicy
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .budget import RATE_TOL, client_rates
 from .fedepth import FEDEPTH_MODELS
 from .registry import Algorithm, register
@@ -159,12 +160,12 @@ class SplitMixPolicy(ServerPolicy):
         """n_k w_k and n_k for the tensors of the bases the client trained."""
         return aggregate.count_sum({k: self.shapes[k] for k in result.weights}, result.weights, None, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total=None) -> ServerState:
+    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
         """Each base: the sample-weighted mean over the round's clients that trained it; the
         bases no client trained keep their value."""
         if not results:
             return state.replace(round=round)
-        return state.replace(round=round, weights=aggregate.count_finish(state.weights, self.total(results, total)))
+        return state.replace(round=round, weights=aggregate.count_finish(state.weights, total))
 
     def client_cost(self, task: SplitMixTask, result: ClientResult) -> tuple[float, int, int]:
         """Every trained base's forward and backward for every sample; only those bases travel."""
@@ -216,7 +217,7 @@ class SplitMixClient(ClientProcedure):
             samples += len(b)
         weights = {k: v for b, net in zip(task.bases, nets) for k, v in prefixed(b, to_numpy(net)).items()}
         metrics = {"bases": float(len(nets)), "width": len(nets) * task.model.rate}
-        return ClientResult(task.client_id, task.round, weights, len(data), samples, total / max(samples, 1), metrics)
+        return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics=metrics)
 
 
 SPLITMIX = register(Algorithm("splitmix", "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS))

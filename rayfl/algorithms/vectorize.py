@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .base import ClientFailure, ClientResult, ClientTask
 from ..config import ConfigError
-
-if TYPE_CHECKING:
-    from ..client import ClientContext, ClientData
-
-Penalty = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], torch.Tensor]
-"""(stacked parameters, their initial values) -> a (K,) loss term per client (FedProx's)."""
+from .local import NON_FINITE, ClientContext, ClientData
+from .messages import ClientFailure, ClientResult, ClientTask
 
 
 def check_vectorizable(model: nn.Module, what: str) -> None:
@@ -46,76 +40,113 @@ def check_vectorizable(model: nn.Module, what: str) -> None:
             raise ConfigError(f"ray.vectorize: {what} has dropout (random draws cannot be kept per client); use ray.vectorize: 1")
 
 
-def train_vectorized(
-    tasks: Sequence[ClientTask], datas: Sequence["ClientData"], ctx: "ClientContext", penalty: Penalty | None = None
-) -> list[ClientResult | ClientFailure]:
-    """Local training of several clients of one model variant at once (see the module docstring)."""
+def train_vectorized(procedure: Any, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:
+    """Local training of several clients of one model variant at once (see the module docstring)
+    on the procedure's own objective: its `data_loss` per sample over the stacked batches, with
+    its `loss_inputs` stacked per client, plus its `penalty` over the stacked parameters
+    (`fedavg.FedAvgClient`)."""
     model = ctx.load(tasks[0].model, tasks[0].weights).train()
-    names = [n for n, _ in model.named_parameters()]
     buffers = dict(model.named_buffers())
-    device = ctx.device
     forward = vmap(lambda p, x: functional_call(model, (p, buffers), (x,)))
-    stacked = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(device) for n in names}
+    params = stacked_parameters(model, tasks, datas, ctx, forward)
+    initial = {n: p.detach().clone() for n, p in params.items()} if procedure.penalty is not None else None
+    inputs = {k: torch.stack(v).unsqueeze(1) for k, v in stacked_inputs(procedure, tasks, model).items()}
+    spec = tasks[0].optimizer
+    opt = dataclasses.replace(spec, grad_clip=None).build(params.values())
+    steps = Steps(tasks, datas, ctx)
+    for step in range(steps.count):
+        active = steps.active(step)
+        if not any(active):
+            break
+        x, y, w = steps.batch(step, active)
+        opt.zero_grad(set_to_none=True)
+        loss = (procedure.data_loss(forward(params, x), y, inputs, "none") * w).sum(1)
+        mask = torch.tensor(active, device=x.device, dtype=loss.dtype)
+        if initial is not None:
+            loss = loss + procedure.penalty(params, initial, True) * mask
+        (loss * mask).sum().backward()
+        if spec.grad_clip is not None:
+            clip_per_client(params.values(), spec.grad_clip)
+        kept = [i for i, a in enumerate(active) if not a]
+        saved = snapshot(opt, params.values(), kept)
+        opt.step()
+        restore(opt, params.values(), kept, saved)
+        steps.record(step, active, loss.detach().tolist())  # one device-to-host copy a step
+    return steps.outcomes(model, params)
+
+
+def stacked_parameters(model: nn.Module, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext, forward: Callable) -> dict[str, torch.Tensor]:
+    """The clients' parameters stacked (client first) as leaves in their gradients' layout,
+    found once per (variant, K, input shape) on this host (`ClientContext.layouts`)."""
+    stacked = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(ctx.device) for n, _ in model.named_parameters()}
     shape = tuple(datas[0].x.shape[1:])
     key = (tasks[0].model, len(tasks), shape)  # what the layout depends on
     if key not in ctx.layouts:
-        ctx.layouts[key] = gradient_strides(stacked, lambda p: forward(p, torch.zeros((len(tasks), 1, *shape), dtype=datas[0].x.dtype, device=device)).sum())
-    params = laid_out(stacked, ctx.layouts[key])
-    initial = {n: p.detach().clone() for n, p in params.items()} if penalty is not None else {}
-    spec = tasks[0].optimizer
-    opt = dataclasses.replace(spec, grad_clip=None).build(params.values())
-    plans = [list(ctx.batches(t, len(d))) for t, d in zip(tasks, datas)]
-    k = len(tasks)
-    # every client's samples in one tensor, a zero row last: step s gathers all clients' s-th batches in one index
-    xs = torch.cat([*(d.x for d in datas), torch.zeros_like(datas[0].x[:1])])
-    ys = torch.cat([*(d.y for d in datas), torch.zeros_like(datas[0].y[:1])])
-    offsets = np.cumsum([0, *(len(d) for d in datas)])
-    pad = int(offsets[-1])
-    alive, total, samples, failure = [True] * k, [0.0] * k, [0] * k, {}
-    for step in range(max(len(p) for p in plans)):
-        active = [alive[i] and step < len(plans[i]) for i in range(k)]
-        if not any(active):
-            break
-        width = max(len(plans[i][step]) for i in range(k) if active[i])
+        probe = torch.zeros((len(tasks), 1, *shape), dtype=datas[0].x.dtype, device=ctx.device)
+        ctx.layouts[key] = gradient_strides(stacked, lambda p: forward(p, probe).sum())
+    return laid_out(stacked, ctx.layouts[key])
+
+
+def stacked_inputs(procedure: Any, tasks: Sequence[ClientTask], model: nn.Module) -> dict[str, list[torch.Tensor]]:
+    """Each of the procedure's `loss_inputs`, one tensor per client."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for t in tasks:
+        for k, v in procedure.loss_inputs(t, model).items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
+class Steps:
+    """The clients' seeded batch plans stepped in lockstep: step s gathers every active client's
+    s-th batch in one index into their concatenated samples (a zero row last, the padding of
+    short batches, with sample weight 0), and keeps each client's loss and samples."""
+
+    def __init__(self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext):
+        self.tasks, self.datas = tasks, datas
+        self.plans = [list(ctx.batches(t, len(d))) for t, d in zip(tasks, datas)]
+        self.count = max(len(p) for p in self.plans)
+        self.xs = torch.cat([*(d.x for d in datas), torch.zeros_like(datas[0].x[:1])])
+        self.ys = torch.cat([*(d.y for d in datas), torch.zeros_like(datas[0].y[:1])])
+        self.offsets = np.cumsum([0, *(len(d) for d in datas)])
+        k = len(tasks)
+        self.alive, self.total, self.samples, self.failure = [True] * k, [0.0] * k, [0] * k, {}
+
+    def active(self, step: int) -> list[bool]:
+        """Which clients take part in the step (alive, with a batch left)."""
+        return [self.alive[i] and step < len(self.plans[i]) for i in range(len(self.plans))]
+
+    def batch(self, step: int, active: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, width, ...) inputs, (K, width) labels and sample weights 1 / batch size (0: padding)."""
+        k, pad = len(self.plans), int(self.offsets[-1])
+        width = max(len(self.plans[i][step]) for i in range(k) if active[i])
         index = np.full((k, width), pad)
         w = np.zeros((k, width), dtype=np.float32)
         for i in range(k):
             if active[i]:
-                b = plans[i][step]
-                index[i, : len(b)] = b + offsets[i]
+                b = self.plans[i][step]
+                index[i, : len(b)] = b + self.offsets[i]
                 w[i, : len(b)] = 1.0 / len(b)
-        index = torch.from_numpy(index).to(device)
-        x, y, w = xs[index], ys[index], torch.from_numpy(w).to(device)
-        opt.zero_grad(set_to_none=True)
-        logits = forward(params, x)
-        loss = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(k, width) * w).sum(1)
-        mask = torch.tensor(active, device=device, dtype=loss.dtype)
-        if penalty is not None:
-            loss = loss + penalty(params, initial) * mask
-        (loss * mask).sum().backward()
-        if spec.grad_clip is not None:
-            clip_per_client(params.values(), spec.grad_clip)
-        kept = [i for i in range(k) if not active[i]]
-        saved = snapshot(opt, params.values(), kept)
-        opt.step()
-        restore(opt, params.values(), kept, saved)
-        values = loss.detach().tolist()  # one device-to-host copy a step
-        for i in range(k):
+        index = torch.from_numpy(index).to(self.xs.device)
+        return self.xs[index], self.ys[index], torch.from_numpy(w).to(self.xs.device)
+
+    def record(self, step: int, active: Sequence[bool], values: Sequence[float]) -> None:
+        """The step's per-client losses: samples and loss added up; a non-finite loss ends the client."""
+        for i, value in enumerate(values):
             if active[i]:
-                value = values[i]
-                samples[i] += len(plans[i][step])
+                self.samples[i] += len(self.plans[i][step])
                 if not math.isfinite(value):
-                    alive[i], failure[i] = False, samples[i]
-                total[i] += value * len(plans[i][step])
-    out: list[ClientResult | ClientFailure] = []
-    order = list(model.state_dict())
-    for i, (task, data) in enumerate(zip(tasks, datas)):
-        if i in failure:
-            out.append(ClientFailure(task.client_id, task.round, "non-finite training loss", failure[i]))
-            continue
-        weights = {n: (params[n][i].detach().cpu().numpy().copy() if n in params else task.weights[n]) for n in order}
-        out.append(ClientResult(task.client_id, task.round, weights, len(data), samples[i], total[i] / max(samples[i], 1)))
-    return out
+                    self.alive[i], self.failure[i] = False, self.samples[i]
+                self.total[i] += value * len(self.plans[i][step])
+
+    def outcomes(self, model: nn.Module, params: dict[str, torch.Tensor]) -> list[ClientResult | ClientFailure]:
+        out: list[ClientResult | ClientFailure] = []
+        for i, (task, data) in enumerate(zip(self.tasks, self.datas)):
+            if i in self.failure:
+                out.append(ClientFailure.of(task, NON_FINITE, num_samples=self.failure[i]))
+                continue
+            weights = {n: (params[n][i].detach().cpu().numpy().copy() if n in params else task.weights[n]) for n in model.state_dict()}
+            out.append(ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=self.samples[i], train_loss=self.total[i] / max(self.samples[i], 1)))
+        return out
 
 
 def gradient_strides(stacked: dict[str, torch.Tensor], probe: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> dict[str, tuple[int, ...]]:

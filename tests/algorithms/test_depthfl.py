@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.depthfl import (
     dyn_state_update,
     ensemble_scores,

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientResult, LocalState
+from rayfl.algorithms.messages import ClientResult
+from rayfl.algorithms.local import LocalState
 from rayfl.algorithms.ditto import DittoTask, personal_step
 from rayfl.engine import build_federation, run_round
 from rayfl.evaluate import Evaluator
 from rayfl.loader import load_config, parse_config
 from rayfl.models import ModelCache
-from rayfl.runner import InProcessExecutor, run_local, torch_threads
+from rayfl.runner import InProcessExecutor, run_local
+from rayfl.engine import torch_threads
 from tests.algorithms.tiny import TinyClients, context, linear
 
 

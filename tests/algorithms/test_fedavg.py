@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientResult, ClientTask, FederationContext
+from rayfl.algorithms.messages import ClientResult, ClientTask, FederationContext
 from rayfl.loader import parse_config
 from rayfl.optim import OptimizerSpec
 

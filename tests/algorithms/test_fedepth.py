@@ -8,16 +8,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss
-from rayfl.client import ClientRunner
+from rayfl.engine import ClientRunner
 from rayfl.config import ConfigError
 from rayfl.devices.cost import measure
-from rayfl.engine import build_federation, run_round, width_memory
+from rayfl.engine import build_federation, run_round
+from rayfl.engine.federation import width_memory
 from rayfl.loader import load_config
 from rayfl.models import build_model
 from rayfl.models.preresnet20 import PreResNet20Config, link
-from rayfl.runner import InProcessExecutor, torch_threads
+from rayfl.runner import InProcessExecutor
+from rayfl.engine import torch_threads
 
 BIG_BATCH = ["federation.batch_size=128", "data.num_clients=8", "federation.clients_per_round=4"]
 

@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms import aggregate
-from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
-from rayfl.client import ClientRunner
+from rayfl.engine import ClientRunner
 from rayfl.engine import build_federation
 from rayfl.loader import load_config
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
-from rayfl.runner import run_local, torch_threads
+from rayfl.runner import run_local
+from rayfl.engine import torch_threads
 
 SMALL = SupernetSmallConfig()
 FEW = ["data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1"]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.aggregate import AggregationError, add_up, count_finish, count_sum, extract
-from rayfl.algorithms.base import ClientResult, FederationContext
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.heterofl import (
     HeteroFLPolicy,
     assign_capability,

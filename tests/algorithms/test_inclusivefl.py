@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms import inclusivefl
-from rayfl.algorithms.base import ClientResult
+from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.inclusivefl import distill, heterogeneous, momentum_of, sharers
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from rayfl.algorithms import aggregate
-from rayfl.algorithms.base import ClientResult, FederationContext
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.lgfedavg import LGFedAvgPolicy, global_keys
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation, run_round
 from rayfl.loader import load_config, parse_config
 from rayfl.models import build_model
-from rayfl.runner import InProcessExecutor, torch_threads
+from rayfl.runner import InProcessExecutor
+from rayfl.engine import torch_threads
 
 MLP = {"algorithm": {"name": "lgfedavg"}, "model": {"name": "mlp", "hidden": [3]}}
 """Flatten, Linear(2, 3) as `1.*` (the body), ReLU, Linear(3, 2) as `5.*` (the global layer)."""

@@ -6,13 +6,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rayfl.algorithms.base import ClientResult, FederationContext
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.localonly import LocalOnlyPolicy
-from rayfl.client import ClientRunner
+from rayfl.engine import ClientRunner
 from rayfl.engine import build_federation, run_round
 from rayfl.loader import load_config, parse_config
-from rayfl.personalize import client_test_indices
-from rayfl.runner import InProcessExecutor, torch_threads
+from rayfl.algorithms.personal import client_test_indices
+from rayfl.runner import InProcessExecutor
+from rayfl.engine import torch_threads
 
 
 def context():

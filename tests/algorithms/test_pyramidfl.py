@@ -6,7 +6,7 @@ import pytest
 
 import torch
 
-from rayfl.algorithms.base import LocalState
+from rayfl.algorithms.local import LocalState
 from rayfl.loader import load_config
 from rayfl.engine import build_federation
 from rayfl.runner import run_local

@@ -9,7 +9,8 @@ from rayfl.algorithms import registry
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation, run_round
 from rayfl.loader import load_config
-from rayfl.runner import InProcessExecutor, run_local, torch_threads
+from rayfl.runner import InProcessExecutor, run_local
+from rayfl.engine import torch_threads
 
 ALGORITHMS = sorted(registry.algorithms())
 

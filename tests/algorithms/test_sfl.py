@@ -118,7 +118,7 @@ def test_a_session_error_fails_the_rounds_workers_and_a_driver_error_ends_the_ru
 def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():
     # Eq. 17: w_b = sum_i d_i tau w_b,i / sum_i d_i tau (d_i tau = samples processed); the top is
     # the server's. Workers with 10 and 30 samples send bottoms of constant 1 and 5: mean 4.
-    from rayfl.algorithms.base import ClientResult
+    from rayfl.algorithms.messages import ClientResult
     from rayfl.engine import build_federation
 
     fed = build_federation(load_config(None, ["algorithm.name=sfl", "model.name=cnn2"]))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rayfl.algorithms import aggregate
-from rayfl.algorithms.base import ClientResult, FederationContext
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
 from rayfl.devices.cost import nbytes

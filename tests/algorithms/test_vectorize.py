@@ -6,7 +6,8 @@ import pytest
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation, run_round
 from rayfl.loader import load_config
-from rayfl.runner import InProcessExecutor, torch_threads
+from rayfl.runner import InProcessExecutor
+from rayfl.engine import torch_threads
 
 # Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run
 # out of batches at different steps, so sitting steps out and per-client clipping both matter.

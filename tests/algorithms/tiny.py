@@ -3,7 +3,7 @@ context, a 1-d two-class problem's clients and the weights of a linear model on 
 
 import numpy as np
 
-from rayfl.algorithms.base import FederationContext
+from rayfl.algorithms.messages import FederationContext
 
 
 def context(num_examples=(10, 30, 5), test_split=None, cost_of=None):

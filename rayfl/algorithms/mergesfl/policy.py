@@ -22,13 +22,13 @@ with regulation on (`adasfl`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from ... import rng
-from ..base import ClientTask, FederationContext, ServerState
+from ..messages import ClientTask, FederationContext, ServerState
 from . import control
 from ..registry import Algorithm, register
 from ..sfl import SPLIT_MODELS, SFLConfig, SFLPolicy
@@ -162,10 +162,10 @@ class MergeSFLPolicy(SFLPolicy):
             return [lr * sum(t.batch_size for t in tasks) / fed.batch_size]
         return [lr * t.batch_size / fed.batch_size for t in tasks]
 
-    def aggregate(self, state, round, results, total=None):
+    def aggregate(self, state, round, results, total: Mapping[str, np.ndarray]):
         """Eq. 17 (bottoms weighted by d_i, via samples processed; the top model is the server's);
         then participation counts K_i and the Eq. 5-6 estimates for the next round."""
-        new = super().aggregate(state, round, results)
+        new = super().aggregate(state, round, results, total)
         mu_prev, beta_prev, K = self.estimates(state)
         mu_hat, beta_hat = self.measure(round)
         alpha = self.config.algorithm.alpha

@@ -10,22 +10,20 @@ the paper's tables (not over seeds).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import rng
-from .types import ClientId
-
-if TYPE_CHECKING:
-    from .algorithms.base import FederationContext
-    from .config import ModelConfig
-    from .data import Clients
-    from .evaluate import Evaluator
-    from .types import Weights
+from .. import rng
+from ..config import ModelConfig
+from ..data import Clients
+from ..evaluate import Evaluator
+from ..types import ClientId, Weights
+from .local import epoch_batches
+from .messages import FederationContext
 
 
 def client_test_indices(test_split: Sequence[np.ndarray] | None, histogram: np.ndarray, y_test: np.ndarray, client: int) -> np.ndarray:
@@ -35,7 +33,7 @@ def client_test_indices(test_split: Sequence[np.ndarray] | None, histogram: np.n
     return np.flatnonzero(histogram[client][y_test] > 0)
 
 
-def own_test_rows(context: "FederationContext", y_test: np.ndarray) -> Iterator[tuple[ClientId, np.ndarray]]:
+def own_test_rows(context: FederationContext, y_test: np.ndarray) -> Iterator[tuple[ClientId, np.ndarray]]:
     """Each client with training samples and test rows of its own, with those rows of the
     central test set (`client_test_indices`)."""
     histogram = context.label_histogram()
@@ -52,7 +50,7 @@ def predictions(model: nn.Module, x: np.ndarray, batch_size: int) -> torch.Tenso
         return torch.cat([model(torch.as_tensor(x[i : i + batch_size])).argmax(1) for i in range(0, len(x), batch_size)])
 
 
-def client_logits(evaluator: "Evaluator", variant: "ModelConfig", weights: "Weights", rows: np.ndarray) -> torch.Tensor:
+def client_logits(evaluator: Evaluator, variant: ModelConfig, weights: Weights, rows: np.ndarray) -> torch.Tensor:
     """Logits of a model on rows `rows` of the central test set (eval mode, no grad)."""
     model = evaluator.models.load(variant, weights)
     model.eval()
@@ -87,7 +85,7 @@ def features(model: nn.Module, x: np.ndarray, batch_size: int) -> torch.Tensor:
 
 def personal_scores(
     model: nn.Module,
-    clients: "Clients",
+    clients: Clients,
     x_test: np.ndarray,
     y_test: np.ndarray,
     test_split: Sequence[np.ndarray] | None,
@@ -100,8 +98,6 @@ def personal_scores(
 ) -> dict[str, float]:
     """`accuracy_stats` of the model and of it with its head fine-tuned per client; a client's
     fine-tuning batches are keyed by (seed, round, client, "personalize")."""
-    from .client import epoch_batches  # lazily: rayfl.client imports the algorithms, which import this
-
     head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
     test_features = features(model, x_test, 500)
     y = torch.as_tensor(y_test)

@@ -1,0 +1,16 @@
+"""The engine: a federation built once (`federation`), the round (`round`), what decides what
+happens next on the virtual clock (`scheduler`), the run from start to end (`loop`), and what
+runs where the clients train (`host`). The in-process runner (`rayfl.runner`) and the Ray
+hosts (`actors/`) host it side by side; it never imports either (`docs/design.md`).
+"""
+
+from .federation import Federation, build_federation
+from .host import ClientRunner, GroupOutcome, run_group, settle, torch_threads
+from .loop import Progress, Start, new_run_dir, prepare, run_federation
+from .round import Executor, Pace, RoundOutcome, run_round
+from .scheduler import Scheduler, Synchronous
+
+__all__ = [
+    "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "RoundOutcome", "Scheduler", "Start", "Synchronous",
+    "build_federation", "new_run_dir", "prepare", "run_federation", "run_group", "run_round", "settle", "torch_threads",
+]

@@ -1,0 +1,104 @@
+"""A federation: the static parts of a run, built once from its config and shipped to where it runs.
+
+Everything is resolved here once and carried: the algorithm (looked up in the registry once),
+the device population and its profile (with `devices.mix`), the model variants' measured costs
+and training memory (`FederationContext`), the policy, the procedure and the evaluator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import rng
+from ..algorithms import registry
+from ..algorithms.messages import FederationContext
+from ..algorithms.vectorize import check_vectorizable
+from ..config import ConfigError, ModelConfig, RunConfig
+from ..data import Clients, load_clients
+from ..devices import CostCache, ModelCost, Population, configured_profile
+from ..evaluate import Evaluator
+from ..models import ModelCache, to_numpy
+from ..optim import OptimizerSpec
+from ..algorithms.base import ClientProcedure, ServerPolicy
+
+
+@dataclass(frozen=True, eq=False)
+class Federation:
+    """The static parts of a run, built once from its config (then shipped to where it runs)."""
+
+    config: RunConfig
+    algorithm: registry.Algorithm
+    clients: Clients
+    population: Population
+    context: FederationContext
+    policy: ServerPolicy
+    procedure: ClientProcedure
+    models: ModelCache
+    costs: CostCache
+    evaluator: Evaluator
+
+    def initial_weights(self) -> dict[str, np.ndarray]:
+        """The global model's initial weights, seeded by (seed, "init"), with the tensors of
+        `model.init_weights` whose names and shapes match (FeDepth's depth-wise fine-tuning)."""
+        with rng.seeded_torch(self.config.seed, "init"):
+            weights = to_numpy(self.models.build(self.policy.global_model()))
+        if self.config.model.init_weights is not None:
+            import torch  # the driver only; a pretrained state is read once
+
+            saved = torch.load(Path(self.config.model.init_weights).expanduser(), map_location="cpu", weights_only=True)
+            matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
+            if not matched:
+                raise ConfigError(f"model.init_weights: no tensor of {self.config.model.init_weights} matches model {self.config.model.name}")
+            weights.update((k, v.astype(weights[k].dtype)) for k, v in matched.items())
+        return weights
+
+    def cost_of(self, variant: ModelConfig) -> ModelCost:
+        return self.context.cost_of(variant)
+
+
+def build_federation(config: RunConfig) -> Federation:
+    """Load the data as logical clients, deal devices, build the policy: everything but the
+    executor. Nothing here loops over the clients: a population of millions costs a few arrays."""
+    algorithm = registry.get(config.algorithm.name)
+    clients = load_clients(config.data, config.seed)
+    population = Population(configured_profile(config.devices), config.data.num_clients, config.seed)
+    models = ModelCache(clients.input_shape, clients.num_classes)
+    probe = models.build(config.model)
+    costs = CostCache()
+    cost_of = lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape)  # noqa: E731
+    slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
+    training_memory = lambda variant: cost_of(variant).training_memory(config.federation.batch_size, slots)  # noqa: E731
+    context = FederationContext(
+        seed=config.seed,
+        num_clients=config.data.num_clients,
+        num_classes=clients.num_classes,
+        input_shape=clients.input_shape,
+        num_examples=clients.sizes(),
+        label_histogram=clients.label_histogram,
+        param_names=frozenset(name for name, _ in probe.named_parameters()),
+        memory_bytes=population.memory_bytes(lambda rate: width_memory(config, training_memory, rate)),
+        test_split=clients.test_split,
+        cost_of=cost_of,
+        device_state=population.state,
+        device_classes=population.class_of,
+        profile=population.profile,
+        training_memory=training_memory,
+    )
+    if config.ray.vectorize > 1:
+        if not algorithm.vectorizable:
+            raise ConfigError(f"ray.vectorize: {config.algorithm.name} trains its clients one at a time; use ray.vectorize: 1")
+        check_vectorizable(probe, f"model {config.model.name}")
+    policy = algorithm.policy(config, context)
+    evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
+    return Federation(config, algorithm, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
+
+
+def width_memory(config: RunConfig, training_memory, rate: float) -> int:
+    """A `memory_width` budget: the training memory of the run's model at width `rate`. The
+    width is set without validation, so rates above 1 measure a wider network than any config allows."""
+    if not hasattr(config.model, "rate"):
+        raise ConfigError(f"devices.profile: memory_width budgets need a width-scalable model, not {config.model.name}")
+    return training_memory(config.model.model_copy(update={"rate": rate}))

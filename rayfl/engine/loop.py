@@ -1,0 +1,118 @@
+"""The run: a federation's rounds from a start (fresh or resumed) to the end, written to RUN_DIR.
+
+`prepare` checks everything about a run's input before anything is written or a cluster
+starts; `run_federation` takes the rounds a scheduler settles, evaluates, records and
+checkpoints each, and returns the summary. The in-process runner and the Ray coordinator both
+call it with their own executor.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import checkpoint
+from ..algorithms.messages import ServerState
+from ..config import ConfigError, RunConfig, dump_config
+from ..metrics import Recorder, TensorBoard
+from .federation import Federation, build_federation
+from .round import Executor, RoundOutcome, evaluate
+from .scheduler import Scheduler, Synchronous
+
+Progress = Callable[[Mapping[str, Any]], None]
+
+
+def new_run_dir(config: RunConfig, root: str | Path = "runs") -> Path:
+    """runs/<time>-<algorithm>-<dataset>, unique."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{config.algorithm.name}-{config.data.name}"
+    path, k = base, 1
+    while path.exists():
+        path, k = Path(f"{base}-{k}"), k + 1
+    return path
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """`ConfigError` naming RUN_DIR unless it is a folder this process can write in, or can be
+    made; probes with a temporary folder it removes, so nothing is left behind."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path}: exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rayfl-probe-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot create it under {parent} ({exc.strerror or exc})") from None
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run begins: round 0 with the initial weights, or a resumed run's newest intact
+    checkpoint with the rows recorded up to it."""
+
+    state: ServerState
+    virtual_time_s: float
+    recorder: Recorder
+
+
+def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tuple[Federation, Start]:
+    """Everything that can be wrong with a run's input, found before anything is written or a
+    cluster starts: the federation (data, partition, profile, model, policy), RUN_DIR writable,
+    and with `resume` a readable checkpoint and tables."""
+    fed = build_federation(config)
+    check_writable(run_dir)
+    if resume:
+        state, virtual_time = checkpoint.latest(run_dir)
+        return fed, Start(state, virtual_time, Recorder.reopen(run_dir, state.round))
+    return fed, Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
+
+
+def run_federation(
+    fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None, scheduler: Scheduler | None = None
+) -> dict[str, Any]:
+    """All rounds of one federation from `start` as `scheduler` (default `Synchronous`) settles
+    them; writes RUN_DIR as it goes and returns the summary. Each round is evaluated, recorded,
+    checkpointed and reported while the scheduler's next clients train. A resumed run recomputes
+    the rows after its checkpoint (identically, since every draw is keyed by round)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(fed.config, run_dir / "config.yaml")
+    recorder = start.recorder
+    board = TensorBoard(run_dir / "tb", (run_dir / "config.yaml").read_text(), start.state.round + 1) if fed.config.metrics.tensorboard else None
+    fed_cfg = fed.config.federation
+    t0 = time.perf_counter() - (recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0)
+
+    def finish(out: RoundOutcome) -> None:
+        out = evaluate(fed, out)
+        row = {**out.row, "wall_time_s": time.perf_counter() - t0}
+        recorder.record(row, out.clients)
+        if board is not None:
+            board.add(row)
+        if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
+            checkpoint.save(run_dir, out.state, row["virtual_time_s"])
+        if progress is not None:
+            progress(row)
+
+    try:
+        for out in (scheduler or Synchronous()).rounds(fed, executor, start.state, start.virtual_time_s):
+            finish(out)
+    finally:
+        if board is not None:
+            board.close()
+    cost = fed.cost_of(fed.policy.global_model())
+    extra = {
+        "dataset": fed.config.data.name,
+        "num_clients": fed.config.data.num_clients,
+        "seed": fed.config.seed,
+        "model_params": cost.num_params,
+        "model_train_flops_per_sample": cost.train_flops,
+        **fed.policy.summary(),
+    }
+    return recorder.summary(fed.config.algorithm.name, extra, fed_cfg.target_accuracy)

@@ -1,0 +1,182 @@
+"""One round, written once: the in-process runner and the coordinator actor both drive rounds
+through `dispatch`, `settle_round` and `evaluate` with their own executor.
+
+A round: the policy selects among the available clients and configures tasks, in client-id
+order. The executor runs them in fixed groups of `ray.clients_per_call` consecutive tasks (one
+actor call each on Ray), each through `host.run_group`, which settles every client where it ran
+and, for policies whose aggregate is a sum, returns one partial sum per group. Or, when the
+policy opens a driver for the round, the executor opens one session per task and relays the
+driver's calls. The engine adds the group sums in group order (every runner adds the same
+numbers the same way, so 1 actor, N actors and the in-process runner agree bit for bit),
+hands the policy's `aggregate` the reduced sum, and evaluates the global model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from ..algorithms.aggregate import add_up
+from ..algorithms.exchange import RoundDriver
+from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, ServerState
+from ..devices import DeviceState, client_time, round_duration
+from ..types import Round
+from .federation import Federation
+from .host import GroupOutcome, Settled, settle_all
+
+Pace = Callable[[GroupOutcome], float]
+"""`clock: emulate`: the wall seconds a group's host must stay busy (its clients' scaled virtual
+times, one after another)."""
+
+
+class Executor(Protocol):
+    """Runs a round's groups of tasks; hosts `host.run_group`."""
+
+    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+        """Start the groups; the returned call waits for them and gives their outcomes in group
+        order. With `pace`, a group's host stays busy for `pace(outcome)` seconds from its start."""
+
+    def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
+        """A server-in-the-loop round: open a session per task, let `driver` drive them through a
+        relay, close them and return their results."""
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """A round whose tasks are out: what `settle_round` needs to finish it."""
+
+    round: Round
+    selected: Sequence[int]
+    tasks: list[ClientTask]
+    driver: RoundDriver | None
+    gather: Callable[[], list[GroupOutcome]]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    state: ServerState
+    row: dict[str, Any]
+    clients: list[dict[str, Any]]
+
+
+def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
+    """Consecutive groups of `size` tasks (the last may be smaller): the unit of an actor call
+    and of the partial sums, the same whatever runs them."""
+    return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
+
+
+def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor) -> Dispatched:
+    """Select, configure and start the round's tasks (a server-in-the-loop round starts when
+    gathered, since its driver runs here)."""
+    policy, cfg = fed.policy, fed.config
+    selected = policy.select(state, rnd, fed.population.available(rnd))
+    tasks = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
+    driver = policy.open_driver(state, rnd, tasks)
+    if driver is not None:
+        gather = lambda: [settle_all(policy, tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))]  # noqa: E731
+    else:
+        pace = None
+        if cfg.clock == "emulate":
+            pace = lambda group: cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)  # noqa: E731
+        gather = executor.submit(groups_of(tasks, cfg.ray.clients_per_call), pace)
+    return Dispatched(rnd, selected, tasks, driver, gather)
+
+
+def client_seconds(fed: Federation, rnd: Round, record: Settled) -> float:
+    """A client's time on the virtual clock (0 for a skipped one)."""
+    if record.cost is None:
+        return 0.0
+    return client_time(fed.population.state(record.outcome.client_id, rnd), *record.cost).total_s
+
+
+def cost_row(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> dict[str, Any]:
+    """A client's columns of the virtual clock: FLOPs, compute and communication seconds, bytes."""
+    t = client_time(device, flops, bytes_down, bytes_up)
+    return {"flops": flops, "compute_s": t.compute_s, "comm_s": t.comm_s, "total_s": t.total_s, "bytes_down": bytes_down, "bytes_up": bytes_up}
+
+
+def client_row(fed: Federation, task: ClientTask, record: Settled) -> dict[str, Any]:
+    """A client's row of `clients.parquet`: its device this round, its task's columns, its
+    outcome, its cost on the virtual clock and its result's own numbers."""
+    out = record.outcome
+    device = fed.population.state(out.client_id, task.round)
+    row: dict[str, Any] = {
+        "round": task.round,
+        "client_id": out.client_id,
+        "device": device.device,
+        "device_flops": device.flops,
+        "bandwidth_mbps": device.bandwidth_bps / 1e6,
+        **task.columns(),
+        "status": record.status,
+        "reason": record.reason,
+    }
+    if isinstance(out, ClientResult):
+        row.update(num_examples=out.num_examples, num_samples=out.num_samples)
+    else:
+        row.update(num_samples=out.num_samples)
+    if record.cost is not None:
+        row.update(cost_row(device, *record.cost))
+    if isinstance(out, ClientResult):
+        row.update(train_loss=out.train_loss, **out.metrics)
+    return row
+
+
+def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_time_s: float) -> RoundOutcome:
+    """Wait for the round's clients, record them, aggregate; the row's test metrics are left for
+    `evaluate` (NaN). `virtual_time_s` is the clock before the round."""
+    policy, cfg, rnd = fed.policy, fed.config, d.round
+    started = time.perf_counter()  # a server-in-the-loop round's exchange runs from here
+    outcomes = d.gather()
+    by_client = {t.client_id: t for t in d.tasks}
+    records = [r for group in outcomes for r in group.settled]
+    accepted = [r.outcome for r in records if r.status == "ok"]
+    rows = [client_row(fed, by_client[r.outcome.client_id], r) for r in records]
+    timed = [r for r in rows if "total_s" in r]
+    duration, waits = round_duration([r["total_s"] for r in timed])
+    for r, w in zip(timed, waits):
+        r["wait_s"] = w
+    if d.driver is not None:
+        if cfg.clock == "emulate":
+            # Sessions meet at the server all through the round, so it is paced as a whole:
+            # it lasts its scaled virtual duration (the slowest client's) in wall time too.
+            time.sleep(max(0.0, cfg.clock_scale * duration - (time.perf_counter() - started)))
+        if any(isinstance(r.outcome, ClientResult) for r in records):  # a broken exchange keeps the server's side
+            state = d.driver.finish(state)
+    state = policy.aggregate(state, rnd, accepted, add_up(g.total for g in outcomes))
+    row = {
+        "round": rnd,
+        "virtual_time_s": virtual_time_s + duration,
+        "round_time_s": duration,
+        "test_accuracy": math.nan,
+        "test_loss": math.nan,
+        "bytes_up": int(sum(r.get("bytes_up", 0) for r in rows)),
+        "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
+        "num_clients": len(accepted),
+        "num_selected": len(d.selected),
+        **{f"num_{status}": sum(r["status"] == status for r in rows) for status in ("failed", "rejected", "skipped")},
+        "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
+        "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
+        "lr": policy.lr(rnd),
+        **policy.round_metrics(state, rnd, d.tasks),
+    }
+    return RoundOutcome(state, row, rows)
+
+
+def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
+    """The round's test metrics, on evaluation rounds (`eval_every` and the last)."""
+    rnd, cfg = outcome.row["round"], fed.config.federation
+    if rnd % cfg.eval_every and rnd != cfg.rounds:
+        return outcome
+    row = {**outcome.row, **fed.policy.evaluate(outcome.state, rnd, fed.evaluator)}
+    if cfg.personalize_epochs:
+        row.update(fed.policy.personalize(outcome.state, rnd, fed.evaluator))
+    return replace(outcome, row=row)
+
+
+def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float) -> RoundOutcome:
+    """One synchronous round, evaluated; `virtual_time_s` is the clock before it starts."""
+    return evaluate(fed, settle_round(fed, state, dispatch(fed, state, rnd, executor), virtual_time_s))

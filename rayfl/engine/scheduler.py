@@ -1,0 +1,39 @@
+"""Schedulers: what happens next on the virtual clock.
+
+A scheduler turns a federation, an executor and a starting state into the sequence of settled
+rounds that the loop (`loop.run_federation`) evaluates, records and checkpoints. It decides
+which clients train when and when the server aggregates; the loop does not know. Today's one
+scheduler is the synchronous round; deadline and asynchronous federations plug in here.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+from ..algorithms.messages import ServerState
+from .federation import Federation
+from .round import Executor, RoundOutcome, dispatch, settle_round
+
+
+class Scheduler(Protocol):
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float) -> Iterator[RoundOutcome]:
+        """The settled (not yet evaluated) rounds after `state`, up to `federation.rounds`, each
+        with the virtual clock at its end. While the loop handles a yielded round, the
+        scheduler's next clients may already be training."""
+
+
+class Synchronous:
+    """Every round waits for all its clients (the slowest sets the round's virtual duration).
+    Round r + 1's tasks go out before round r is yielded, so the clients' hosts never wait for
+    round r's evaluation."""
+
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float) -> Iterator[RoundOutcome]:
+        done: RoundOutcome | None = None
+        for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
+            next_round = dispatch(fed, state, rnd, executor)
+            if done is not None:
+                yield done
+            done = settle_round(fed, state, next_round, virtual_time_s)
+            state, virtual_time_s = done.state, done.row["virtual_time_s"]
+        if done is not None:
+            yield done
