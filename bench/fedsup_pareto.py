@@ -33,10 +33,9 @@ def front(flops: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
     from rayfl import checkpoint, rng
     from rayfl.algorithms.aggregate import extract
-    from rayfl.engine import build_federation
+    from rayfl.engine import build_federation, torch_threads
     from rayfl.loader import load_config
     from rayfl.models.supernet import crop, random_subnet
-    from rayfl.engine import torch_threads
 
     cfg = load_config(run_dir / "config.yaml")
     if not cfg.federation.personalize_epochs:

@@ -28,10 +28,9 @@ def main() -> None:
 
     from actors.client import create_client_actors
     from actors.pool import RayExecutor
+    from rayfl.engine import build_federation, torch_threads
     from rayfl.loader import load_config
-    from rayfl.engine import build_federation
     from rayfl.runner import InProcessExecutor
-    from rayfl.engine import torch_threads
 
     sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", f"data.num_clients={max(20, args.workers)}", f"federation.clients_per_round={args.workers}"]
     timings = {}

@@ -18,7 +18,7 @@ import yaml
 
 from . import checkpoint
 from .config import ConfigError, RunConfig, to_dict
-from .engine import Progress, new_run_dir, prepare
+from .engine import Progress, Start, new_run_dir, prepare
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -85,14 +85,7 @@ def run(
         wait_for_actors(clients, config.ray.actor_timeout_s, log.info, federation_ref=fed_ref)
         ray.get(coordinator_ready)
         phase("actors")
-        done = coordinator.run.remote(start)
-        finished = False
-        while not finished:
-            finished = bool(ray.wait([done], timeout=0.5)[0])
-            for row in ray.get(coordinator.progress.remote()):
-                if progress is not None:
-                    progress(row)
-        summary = ray.get(done)
+        summary = follow(coordinator, start, progress)
         phase("rounds")
         return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
@@ -105,6 +98,21 @@ def run(
         if connected:
             ray.shutdown()
         phase("shutdown")
+
+
+def follow(coordinator: Any, start: Start, progress: Progress | None) -> dict[str, Any]:
+    """The coordinator's rounds from `start`, its finished rows relayed to `progress` every 0.5 s
+    while they run; returns the run's summary."""
+    import ray
+
+    done = coordinator.run.remote(start)
+    finished = False
+    while not finished:
+        finished = bool(ray.wait([done], timeout=0.5)[0])
+        for row in ray.get(coordinator.progress.remote()):
+            if progress is not None:
+                progress(row)
+    return ray.get(done)
 
 
 class Phases:

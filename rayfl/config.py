@@ -1,8 +1,8 @@
 """Run configuration schema: validated, frozen pydantic models (no registry is imported here).
 
-The key names follow DESIGN.md's config contract. Unknown keys and wrong types are
-errors that name the offending key (`ConfigError`). `rayfl.loader` reads YAML, applies
-`--set` overrides and validates the model and algorithm sections with the config class
+The key names are the ones README.md's Config section documents. Unknown keys and
+wrong types are errors that name the offending key (`ConfigError`). `rayfl.loader` reads YAML,
+applies `--set` overrides and validates the model and algorithm sections with the config class
 their family or algorithm registers.
 """
 

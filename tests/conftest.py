@@ -3,8 +3,8 @@ GPUs, a small object store, no dashboard) for every test that asks for it."""
 
 import pytest
 
-from rayfl.loader import parse_config
 from rayfl.data import load_dataset
+from rayfl.loader import parse_config
 
 
 @pytest.fixture(scope="session")

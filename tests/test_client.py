@@ -15,8 +15,8 @@ from torch import nn
 from rayfl import api
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientProcedure
-from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.fedavg import FedAvgConfig, FedAvgPolicy
+from rayfl.algorithms.messages import ClientResult
 from rayfl.loader import load_config
 from rayfl.models import to_numpy
 from rayfl.runner import run_local
@@ -55,7 +55,7 @@ class TwoStage(ClientProcedure):
             metrics[f"moved_outside_{stage}"] = len(moved - inside)
         for p in model.parameters():  # the cached module serves the next task whole
             p.requires_grad_(True)
-        return ClientResult(task.client_id, task.round, to_numpy(model), len(data), samples, total / samples, metrics)
+        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / samples, metrics=metrics)
 
 
 @pytest.fixture

@@ -35,3 +35,118 @@ for name in sys.argv[1:]:
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
+
+
+# --------------------------------------------------------------------------- the import graph
+import ast
+import graphlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS = [
+    # bottom first: a module may import its own layer and the ones below, never one above
+    ["rayfl.types", "rayfl.rng", "rayfl.config"],
+    ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
+    ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare"],
+    # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares
+    ["rayfl.algorithms.messages", "rayfl.algorithms.local", "rayfl.algorithms.aggregate", "rayfl.algorithms.server_opt",
+     "rayfl.algorithms.exchange", "rayfl.algorithms.personal", "rayfl.algorithms.vectorize", "rayfl.algorithms.budget"],
+    ["rayfl.algorithms.base", "rayfl.algorithms.registry"],
+    ["rayfl.algorithms"],  # each algorithm's module, and the package that registers them
+    ["rayfl.checkpoint", "rayfl.loader"],
+    ["rayfl.engine"],
+    ["rayfl.runner"],
+    ["rayfl.api", "rayfl.cli", "rayfl.__main__", "rayfl"],
+]
+
+
+def modules(package: str, root: Path = ROOT) -> dict[str, Path]:
+    base = root / package
+    out = {}
+    for path in base.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(package: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its file (at the top, in a function,
+    under TYPE_CHECKING alike), with the packages whose `__init__` such an import runs."""
+    mods = modules(package, root)
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        here = name if is_pkg else name.rsplit(".", 1)[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names}
+        edges = set()
+        for t in targets:
+            if t.split(".")[0] != package:
+                continue
+            edges.add(t)
+            parts = t.split(".")
+            for k in range(1, len(parts)):  # a package's __init__ runs first, unless it is the importer's own
+                ancestor = ".".join(parts[:k])
+                if not (name == ancestor or name.startswith(ancestor + ".")):
+                    edges.add(ancestor)
+        graph[name] = edges - {name}
+    return graph
+
+
+def layer(module: str) -> int:
+    best = max((p for names in LAYERS for p in names if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, names in enumerate(LAYERS) if best in names)
+
+
+def test_the_core_has_no_import_cycle():
+    graph = import_graph("rayfl")
+    assert len(graph) > 60
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+
+
+def test_no_module_of_the_core_imports_upward():
+    upward = [f"{m} -> {t}" for m, targets in import_graph("rayfl").items() for t in targets if layer(t) > layer(m)]
+    assert upward == []
+
+
+def test_the_contract_leaves_import_no_other_algorithm_module():
+    graph = import_graph("rayfl")
+    algorithms = lambda m: {t for t in graph[m] if t.startswith("rayfl.algorithms")}  # noqa: E731
+    assert algorithms("rayfl.algorithms.messages") == set()
+    assert algorithms("rayfl.algorithms.local") == {"rayfl.algorithms.messages"}
+
+
+def test_the_ray_hosts_never_lean_on_the_in_process_runner():
+    for path in (ROOT / "actors").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "rayfl.runner" or n.startswith("rayfl.runner.") for n in names), path
+
+
+def test_the_graph_sees_a_cycle_and_an_upward_import(tmp_path):
+    # the checks above can fail: a two-module package importing each other, lazily, is a cycle
+    pkg = tmp_path / "loop"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import g\n")
+    graph = import_graph("loop", tmp_path)
+    assert graph["loop.a"] == {"loop.b"} and graph["loop.b"] == {"loop.a"}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+        raise AssertionError("no cycle found")
+    except graphlib.CycleError:
+        pass
+    assert layer("rayfl.engine.round") > layer("rayfl.algorithms.fedavg") > layer("rayfl.algorithms.base") > layer("rayfl.algorithms.messages")

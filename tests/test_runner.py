@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.messages import ClientResult
+from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
 from rayfl.loader import load_config, parse_config
-from rayfl.engine import build_federation, run_round
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
 from rayfl.runner import InProcessExecutor, run_local
-from rayfl.engine import prepare, run_federation, torch_threads
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +88,7 @@ class PoisonOne(InProcessExecutor):
         super().__init__(fed)
         run_all = self.runner.run_all
         self.runner.run_all = lambda tasks: [
-            ClientResult(r.client_id, r.round, {k: np.full_like(v, np.nan) for k, v in r.weights.items()}, r.num_examples, r.num_samples, r.train_loss) if r.client_id == 0 else r
+            ClientResult.of(r, weights={k: np.full_like(v, np.nan) for k, v in r.weights.items()}, num_examples=r.num_examples, num_samples=r.num_samples, train_loss=r.train_loss) if r.client_id == 0 else r
             for r in run_all(tasks)
         ]
 

@@ -1,4 +1,4 @@
-"""Aggregation rules as pure functions over name-keyed numpy arrays (STYLE.md 5).
+"""Aggregation rules as pure functions over name-keyed numpy arrays (docs/design.md, Layers).
 
 No ray, no modules, no messages: inputs are `dict[str, np.ndarray]` plus weights, outputs
 are new dicts. A key or shape mismatch raises `AggregationError` naming the key. Sums run

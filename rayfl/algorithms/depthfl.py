@@ -2,7 +2,8 @@
 Sangyoon Yu, Suhyun Kim, Soo-Mook Moon, ICLR 2023 (OpenReview pf8RIZTMU58), as FeDepth's paper
 (Zhang et al., arXiv:2303.04887) runs it "to conform to our predefined memory budgets", on
 FeDepth's PreResNet-20 (`rayfl.models.preresnet20`). The first author's Flower baseline
-(`baselines/depthfl`, seed-code-facts 3.10) is the reference for what the paper leaves open.
+(`baselines/depthfl`; docs/papers.md, DepthFL: public code, Flower baseline) is the reference
+for what the paper leaves open.
 
 - Depth scaling: the global model has classifiers at its exits, the layers with an auxiliary
   classifier (`model.aux_heads`, "3-6" when the config names none: the ends of the three
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -40,19 +41,16 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from . import aggregate
-from .base import ClientProcedure, ServerPolicy
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .fedepth import FEDEPTH_MODELS
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
-from ..evaluate import scores
+from ..evaluate import Evaluator, scores
 from ..models import build_model, to_numpy
 from ..models.preresnet20 import PreResNet20Config
 from ..types import ClientId, Round, Weights
-
-if TYPE_CHECKING:
-    from ..evaluate import Evaluator
+from . import aggregate
+from .base import ClientProcedure, ServerPolicy
+from .fedepth import FEDEPTH_MODELS
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .registry import Algorithm, register
 
 KL_EPS = 1e-7
 """Added to the distillation targets' probabilities, as DepthFL's code (`KLLoss`)."""
@@ -257,7 +255,7 @@ class DepthFLPolicy(ServerPolicy):
         clients.update((r.client_id, dict(r.keep["grad_prev"])) for r in results if "grad_prev" in r.keep)
         return state.replace(round=round, weights=mean, opt_state=h, clients=clients)
 
-    def evaluate(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
+    def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """The global model's ensemble of all exits, and each exit alone."""
         model = evaluator.models.load(self.variant, state.weights)
         model.eval()

@@ -18,24 +18,22 @@ selected holds v_k = w) on the client's own test data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence, TYPE_CHECKING
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from .messages import ClientResult, ClientTask, ServerState
-from .local import LocalState
+from ..evaluate import Evaluator
+from ..models import to_numpy, to_torch
+from ..types import ClientId, Round, Weights
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .fedprox import squared_distance
-from .registry import Algorithm, register
-from ..models import to_numpy, to_torch
+from .local import LocalState
+from .messages import ClientResult, ClientTask, ServerState
 from .personal import accuracy_stats, own_test_rows, predictions
-from ..types import ClientId, Round, Weights
-
-if TYPE_CHECKING:
-    from ..evaluate import Evaluator
+from .registry import Algorithm, register
 
 
 class DittoConfig(FedAvgConfig):
@@ -70,7 +68,7 @@ class DittoPolicy(FedAvgPolicy):
         flops, down, up = super().client_cost(task, result)
         return 2 * flops, down, up
 
-    def personalize(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
+    def personalize(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """w (`initial_accuracy`) and v_k (`personal_accuracy`) on each client's own test data."""
         variant, y = self.global_model(), evaluator.y
         correct = evaluator.logits(state.weights, variant).argmax(1) == y

@@ -18,14 +18,14 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from ..config import AlgorithmConfig
+from ..types import Round, Weights
 from . import aggregate, server_opt
 from .base import ClientProcedure, ServerPolicy
 from .local import ClientContext, ClientData, LocalState
 from .messages import ClientFailure, ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
-from ..config import AlgorithmConfig
 from .vectorize import train_vectorized
-from ..types import Round, Weights
 
 
 class FedAvgConfig(AlgorithmConfig):

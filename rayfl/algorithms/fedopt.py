@@ -11,11 +11,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..config import AlgorithmConfig
+from ..types import Weights
 from . import server_opt
 from .fedavg import FedAvgClient, FedAvgPolicy
 from .registry import Algorithm, register
-from ..config import AlgorithmConfig
-from ..types import Weights
 
 
 class FedOptConfig(AlgorithmConfig):

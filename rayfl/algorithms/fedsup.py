@@ -17,8 +17,10 @@ Heterogeneity", Taehyeon Kim, Se-Young Yun (arXiv:2206.01366), Algorithm 1, on t
   (head fine-tuned per client).
 
 The public code's published runs switch the sandwich rule, in-place distillation and FLOPs-aware
-tiers off (M = 1, plain CE, parameter budgets) and its "max" draws a random sub-net (seed-code-
-facts 4.3-4.4): `subnets: 1`, `inplace_distill: false` and `budget: params` give those choices.
+tiers off (M = 1, plain CE, parameter budgets) and its "max" draws a random sub-net
+(docs/papers.md, FedSup: public code, tiers and sub-net sampling; FedSup: public code, sandwich
+rule and distillation): `subnets: 1`, `inplace_distill: false` and `budget: params` give those
+choices.
 """
 
 from __future__ import annotations
@@ -33,17 +35,17 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from .. import rng
-from . import aggregate
-from .base import ClientProcedure, ServerPolicy
-from .local import epoch_batches
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .fedavg import FedAvgClient
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import flops_on, nbytes
 from ..models import build_model, to_numpy
 from ..models.supernet import Block, Stem, Subnet, SupernetConfig, crop, largest, medium, random_subnet, smallest
 from ..types import ClientId, Round, Weights
+from . import aggregate
+from .base import ClientProcedure, ServerPolicy
+from .fedavg import FedAvgClient
+from .local import epoch_batches
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .registry import Algorithm, register
 
 SUPERNET_MODELS = {"digits": "supernet_small", "mnist1d": "supernet_small", "cifar10": "supernet", "cifar100": "supernet"}
 

@@ -39,18 +39,19 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from .. import rng
-from . import aggregate
-from .budget import client_rates
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .base import ServerPolicy
-from .fedavg import FedAvgClient, cross_entropy
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..data import Clients
 from ..evaluate import Evaluator, scores
 from ..models import ModelCache, build_model
 from ..models.layers import DepthConfig, ScaledConfig
 from ..types import ClientId, Round, Weights
+from . import aggregate
+from .base import ServerPolicy
+from .baselines import register_baselines
+from .budget import client_rates
+from .fedavg import FedAvgClient, cross_entropy
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .registry import Algorithm, register
 
 RATES = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
 _MIX = re.compile(r"^[a-e]\d+(-[a-e]\d+)*$")
@@ -332,39 +333,23 @@ def model_classes(model: nn.Module) -> int:
 HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True))
 
 
-# Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics).
-
-
-class AllLargeConfig(HeteroFLConfig):
-    """FedAvg at full width for every client, ignoring memory budgets."""
-
-    name: str = "alllarge"
-    levels: Literal["a1"] = "a1"
-    mode: Literal["fix"] = "fix"
-    weighting: Literal["count", "samples"] = "samples"
-
-
-class AllSmallConfig(HeteroFLConfig):
-    """FedAvg with every client at one small level (default e = 1/16), so every device fits."""
-
-    name: str = "allsmall"
-    levels: str = Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")
-    mode: Literal["fix"] = "fix"
-    weighting: Literal["count", "samples"] = "samples"
-
-
-class ExclusiveFLConfig(HeteroFLConfig):
-    """FedAvg at full width among only the clients whose memory fits the full model."""
-
-    name: str = "exclusivefl"
-    levels: Literal["a1"] = "a1"
-    mode: Literal["capability"] = "capability"
-    weighting: Literal["count", "samples"] = "samples"
-
-
-for _cfg, _summary in (
-    (AllLargeConfig, "AllLarge: FedAvg at full width on every client (HeteroFL baseline)"),
-    (AllSmallConfig, "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)"),
-    (ExclusiveFLConfig, "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)"),
-):
-    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, HeteroFLPolicy, HeteroFLClient, vectorizable=True))
+# Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
+# FedAvg's weights, one level, dealt as the baseline asks.
+_SAMPLES = (Literal["count", "samples"], "samples")
+WIDTH_BASELINES = register_baselines(
+    HeteroFLConfig,
+    "",
+    {
+        "alllarge": {"levels": (Literal["a1"], "a1"), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
+        "allsmall": {"levels": (str, Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
+        "exclusivefl": {"levels": (Literal["a1"], "a1"), "mode": (Literal["capability"], "capability"), "weighting": _SAMPLES},
+    },
+    {
+        "alllarge": "AllLarge: FedAvg at full width on every client (HeteroFL baseline)",
+        "allsmall": "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)",
+        "exclusivefl": "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)",
+    },
+    HeteroFLPolicy,
+    HeteroFLClient,
+    vectorizable=True,
+)

@@ -19,11 +19,12 @@ largest model, and whose top layer L_j and head f_j are its own. Per round (l. 8
   groups holding it not as their top layer, weighted by each group's share of the round's
   samples (users with `group_weighting: users`); each group's top layer and head stay its own.
 
-The public code's momentum distillation is a no-op through three bugs (seed-code-facts 5.4: it
-assigns instead of accumulating over the layers, keeps a reference to gradients that are then
-zeroed, and blends only while the momentum is still the integer 0); this module implements the
-paper's intent: accumulated, copied, applied every round. The code also takes one server step
-per type from pooled gradients (FedSGD); rayfl's clients run local epochs (Algorithm 1, l. 12).
+The public code's momentum distillation is a no-op through three bugs (docs/papers.md,
+InclusiveFL: public code, momentum distillation): it assigns instead of accumulating over the
+layers, keeps a reference to gradients that are then zeroed, and blends only while the momentum
+is still the integer 0. This module implements the paper's intent: accumulated, copied, applied
+every round. The code also takes one server step per type from pooled gradients (FedSGD);
+rayfl's clients run local epochs (Algorithm 1, l. 12).
 """
 
 from __future__ import annotations
@@ -35,17 +36,18 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 from pydantic import Field, field_validator
 
-from . import aggregate, server_opt
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .base import ServerPolicy
-from .fedavg import FedAvgClient
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices import configured_profile
 from ..devices.profile import DeviceClass
 from ..models import build_model
 from ..models.layers import DepthConfig, is_head, layer_of
 from ..types import ClientId, Round, Weights
+from . import aggregate, server_opt
+from .base import ServerPolicy
+from .baselines import KINDS, register_baselines
+from .fedavg import FedAvgClient
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .registry import Algorithm, register
 
 DEPTH_MODELS = {"digits": "transformer", "mnist1d": "transformer", "synthetic": "transformer"}
 
@@ -321,33 +323,18 @@ INCLUSIVEFL = register(
 )
 
 
-# InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers.
-
-
-class AllLargeDepthConfig(DepthBaselineConfig):
-    """AllLarge: every client trains the largest model, whatever its device."""
-
-    name: str = "alllarge_depth"
-    baseline: Literal["alllarge"] = "alllarge"
-
-
-class AllSmallDepthConfig(DepthBaselineConfig):
-    """AllSmall: every client trains the smallest model, so every device fits."""
-
-    name: str = "allsmall_depth"
-    baseline: Literal["allsmall"] = "allsmall"
-
-
-class ExclusiveFLDepthConfig(DepthBaselineConfig):
-    """ExclusiveFL: only the strongest device class trains, at the largest depth."""
-
-    name: str = "exclusivefl_depth"
-    baseline: Literal["exclusivefl"] = "exclusivefl"
-
-
-for _cfg, _summary in (
-    (AllLargeDepthConfig, "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client"),
-    (AllSmallDepthConfig, "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client"),
-    (ExclusiveFLDepthConfig, "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only"),
-):
-    register(Algorithm(_cfg.model_fields["name"].default, _summary, _cfg, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True))
+# InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers (`plan`).
+DEPTH_BASELINES = register_baselines(
+    DepthBaselineConfig,
+    "_depth",
+    {kind: {"baseline": (Literal[kind], kind)} for kind in KINDS},
+    {
+        "alllarge": "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client",
+        "allsmall": "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client",
+        "exclusivefl": "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only",
+    },
+    InclusiveFLPolicy,
+    FedAvgClient,
+    default_models=DEPTH_MODELS,
+    vectorizable=True,
+)

@@ -30,17 +30,17 @@ import numpy as np
 from pydantic import Field
 from torch import nn
 
-from . import aggregate
-from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, ServerState
-from .base import ServerPolicy
-from .fedavg import FedAvgClient
-from .localonly import mean_of, own_model_scores
-from .personal import accuracy_stats, own_test_rows
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, RunConfig
 from ..evaluate import Evaluator
 from ..models import build_model
 from ..types import ClientId, Round, Weights
+from . import aggregate
+from .base import ServerPolicy
+from .fedavg import FedAvgClient
+from .localonly import mean_of, own_model_scores
+from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, ServerState
+from .personal import accuracy_stats, own_test_rows
+from .registry import Algorithm, register
 
 
 class LGFedAvgConfig(AlgorithmConfig):

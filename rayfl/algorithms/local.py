@@ -21,7 +21,6 @@ from ..models import ModelCache
 from ..types import Weights
 from .messages import ClientTask
 
-
 NON_FINITE = "non-finite training loss"
 """The reason of a client whose training loss went NaN or infinite."""
 

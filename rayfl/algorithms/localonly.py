@@ -4,8 +4,8 @@ under System Heterogeneity", Kim & Yun (FedSup, arXiv:2206.01366), Table 2.
 Every client k trains its own model w_k on its own data only, E epochs of minibatch SGD per
 round it is selected (FedAvg's client procedure), and w_k is never averaged: it starts from the
 initial weights w_0 when k is first selected and persists in `ServerState.clients[k]`. The server
-holds w_k between rounds only so that any executor can train any client (DESIGN.md, the run,
-3.); it travels as the task's weights and returns as the result's. In reality it never leaves
+holds w_k between rounds only so that any executor can train any client (docs/design.md, The
+round); it travels as the task's weights and returns as the result's. In reality it never leaves
 the device, so a round costs no bytes either way (`client_cost`).
 
 Evaluation: there is no global model. `test_accuracy` / `test_loss` are the mean over the clients
@@ -20,14 +20,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .base import ServerPolicy
-from .fedavg import FedAvgClient
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ModelConfig
 from ..evaluate import Evaluator, scores
-from .personal import accuracy_stats, client_logits, own_test_rows
 from ..types import ClientId, Round, Weights
+from .base import ServerPolicy
+from .fedavg import FedAvgClient
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .personal import accuracy_stats, client_logits, own_test_rows
+from .registry import Algorithm, register
 
 
 class LocalOnlyConfig(AlgorithmConfig):

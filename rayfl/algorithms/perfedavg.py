@@ -20,7 +20,7 @@ size alpha on one batch of the client's training data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,16 +29,14 @@ from torch import nn
 from torch.func import functional_call
 
 from .. import rng
-from .base import ClientProcedure
-from .messages import ClientResult, ClientTask, ServerState
-from .personal import accuracy_stats, own_test_rows, predictions
-from .fedavg import FedAvgConfig, FedAvgPolicy
-from .registry import Algorithm, register
+from ..evaluate import Evaluator
 from ..models import to_numpy
 from ..types import Round
-
-if TYPE_CHECKING:
-    from ..evaluate import Evaluator
+from .base import ClientProcedure
+from .fedavg import FedAvgConfig, FedAvgPolicy
+from .messages import ClientResult, ClientTask, ServerState
+from .personal import accuracy_stats, own_test_rows, predictions
+from .registry import Algorithm, register
 
 Params = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -130,7 +128,7 @@ class PerFedAvgClient(ClientProcedure):
 class PerFedAvgPolicy(FedAvgPolicy):
     """FedAvg's server; personalization is one alpha-step from the global model per client."""
 
-    def personalize(self, state: ServerState, round: Round, evaluator: "Evaluator") -> dict[str, float]:
+    def personalize(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """The global model (`initial_accuracy`) and it after one step of size alpha on one batch
         of the client's training data, keyed by (seed, "personalize", round, client)
         (`personal_accuracy`), on each client's own test data."""

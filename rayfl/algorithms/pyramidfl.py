@@ -2,12 +2,13 @@
 
 "PyramidFL: A Fine-grained Client Selection Framework for Efficient Federated Learning", Chenning
 Li, Xiao Zeng, Mi Zhang, Zhichao Cao, MobiCom 2022 (public code `liecn/PyramidFL`,
-`prune_client_tasks`; seed-code-facts §2.5). Each round: over-sample ceil(oversample * K)
-candidates, most of them the clients with the largest last reward (the norm of their last model
-update, the code's gradient-norm reward) and a share explored uniformly; predict each candidate's
-completion time from its device (training FLOPs / FLOP/s + model bytes down and up / bandwidth +
-latency) and keep the K fastest. Training and aggregation are FedAvg's. The code's optional
-per-client update dropout and adaptive local epochs are not implemented.
+`prune_client_tasks`; docs/papers.md, PyramidFL: public code, prune_client_tasks). Each round:
+over-sample ceil(oversample * K) candidates, most of them the clients with the largest last
+reward (the norm of their last model update, the code's gradient-norm reward) and a share
+explored uniformly; predict each candidate's completion time from its device (training FLOPs /
+FLOP/s + model bytes down and up / bandwidth + latency) and keep the K fastest. Training and
+aggregation are FedAvg's. The code's optional per-client update dropout and adaptive local
+epochs are not implemented.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import numpy as np
 from pydantic import Field
 
 from .. import rng
-from .messages import ClientResult, ClientTask, ServerState
-from .local import LocalState
-from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
-from .registry import Algorithm, register
 from ..devices.cost import client_time, nbytes
 from ..types import ClientId, Round, Weights
+from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
+from .local import LocalState
+from .messages import ClientResult, ClientTask, ServerState
+from .registry import Algorithm, register
 
 
 class PyramidFLConfig(FedAvgConfig):

@@ -12,17 +12,17 @@ workers' features into one top step per iteration instead (MergeSFL's feature me
 
 from __future__ import annotations
 
-import numpy as np
 from typing import Mapping, Sequence
 
+import numpy as np
 from pydantic import Field
 
+from ..config import AlgorithmConfig
+from ..types import ClientId, Round
 from . import aggregate
 from .messages import ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
-from ..config import AlgorithmConfig
 from .split import SplitClient, SplitPolicy, SplitTask
-from ..types import ClientId, Round
 
 SPLIT_MODELS = {"digits": "cnn2", "mnist": "cnn2", "fashion_mnist": "cnn2", "mnist1d": "cnn1d", "cifar10": "alexnet", "cifar100": "alexnet"}
 """The split-capable model a split algorithm takes on each dataset when the config names none."""

@@ -13,7 +13,7 @@ their optimizers from the task's `OptimizerSpec`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -21,19 +21,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import rng
-from . import aggregate
-from .base import ClientProcedure, ServerPolicy
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .exchange import ClientSession, Relay, RoundDriver
 from ..config import ConfigError, RunConfig
 from ..devices.cost import measure, nbytes
 from ..models import build_model, families, to_numpy, to_torch
 from ..models.layers import SplitConfig, split
 from ..optim import OptimizerSpec
 from ..types import ClientId, Round, Weights
-
-if TYPE_CHECKING:
-    from .local import ClientContext, ClientData
+from . import aggregate
+from .base import ClientProcedure, ServerPolicy
+from .exchange import ClientSession, Relay, RoundDriver
+from .local import ClientContext, ClientData
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
 
 
 def merged_step(
@@ -42,7 +40,8 @@ def merged_step(
     """Feature merging and gradient dispatching: one top step on the merged sequence of
     D = sum_i d_i samples (its mean loss), then the merged feature gradient is cut back into the
     workers' pieces and each is multiplied by D / d_i, so worker i receives the gradient of its
-    *own* mean loss (seed-code-facts gotcha 11). Returns (merged loss, per-worker gradients)."""
+    *own* mean loss (docs/papers.md, MergeSFL: public code, feature merging and gradient
+    splitting). Returns (merged loss, per-worker gradients)."""
     sizes = [len(f) for f in features]
     merged = torch.cat([f.detach() for f in features]).requires_grad_(True)
     optimizer.zero_grad(set_to_none=True)
@@ -95,7 +94,7 @@ class SplitTask(ClientTask):
 class SplitSession(ClientSession):
     """One worker's bottom model for one round: forward a batch, take the server's gradient, repeat."""
 
-    def __init__(self, task: SplitTask, bottom: nn.Module, data: "ClientData", seed: int):
+    def __init__(self, task: SplitTask, bottom: nn.Module, data: ClientData, seed: int):
         self.task, self.bottom, self.data = task, bottom, data
         self.optimizer = task.optimizer.build(bottom.parameters())
         self.g = rng.generator(seed, "batches", task.round, task.client_id)
@@ -132,12 +131,12 @@ class SplitSession(ClientSession):
 class SplitClient(ClientProcedure):
     """The worker side of split learning: it trains only inside the server's exchange."""
 
-    def open_session(self, task: SplitTask, data: "ClientData", ctx: "ClientContext") -> SplitSession:
+    def open_session(self, task: SplitTask, data: ClientData, ctx: ClientContext) -> SplitSession:
         bottom = split(ctx.build(task.model), task.model.split_layer)[0]
         bottom.load_state_dict(to_torch(task.weights))
         return SplitSession(task, bottom, data, ctx.seed)
 
-    def run(self, task: ClientTask, data: "ClientData", ctx: "ClientContext") -> ClientResult:
+    def run(self, task: ClientTask, data: ClientData, ctx: ClientContext) -> ClientResult:
         raise NotImplementedError("a split-learning worker trains only in its server's exchange (open_session)")
 
 

@@ -1,6 +1,6 @@
 """SplitMix: "Efficient Split-Mix Federated Learning for On-Demand and In-Situ Customization",
 Junyuan Hong, Haotao Wang, Zhangyang Wang, Jiayu Zhou, ICLR 2022 (arXiv:2203.09747), with the
-public code's (`illidanlab/SplitMix`) choices, seed-code-facts 3.11.
+public code's (`illidanlab/SplitMix`) choices (docs/papers.md, SplitMix: public code).
 
 Split: the global model is K = 1 / atom base networks, each the configured model at width rate
 `atom`, kept as name-prefixed state (`base<k>.<state-dict name>`). A client whose memory budget
@@ -29,18 +29,18 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from .. import rng
-from . import aggregate
-from .base import ClientProcedure, ServerPolicy
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .budget import RATE_TOL, client_rates
-from .fedepth import FEDEPTH_MODELS
-from .registry import Algorithm, register
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import nbytes
 from ..evaluate import Evaluator, scores
 from ..models import build_model, to_numpy, to_torch
 from ..models.layers import WidthConfig
 from ..types import ClientId, Round, Weights
+from . import aggregate
+from .base import ClientProcedure, ServerPolicy
+from .budget import RATE_TOL, client_rates
+from .fedepth import FEDEPTH_MODELS
+from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .registry import Algorithm, register
 
 
 class SplitMixConfig(AlgorithmConfig):

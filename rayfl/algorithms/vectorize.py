@@ -40,6 +40,11 @@ def check_vectorizable(model: nn.Module, what: str) -> None:
             raise ConfigError(f"ray.vectorize: {what} has dropout (random draws cannot be kept per client); use ray.vectorize: 1")
 
 
+IGNORED = -100
+"""The label of padding: cross-entropy's `ignore_index`, so a data term that masks classes
+(HeteroFL's -inf fill) gives padding a loss of 0, never 0 x inf."""
+
+
 def train_vectorized(procedure: Any, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:
     """Local training of several clients of one model variant at once (see the module docstring)
     on the procedure's own objective: its `data_loss` per sample over the stacked batches, with
@@ -98,15 +103,16 @@ def stacked_inputs(procedure: Any, tasks: Sequence[ClientTask], model: nn.Module
 
 class Steps:
     """The clients' seeded batch plans stepped in lockstep: step s gathers every active client's
-    s-th batch in one index into their concatenated samples (a zero row last, the padding of
-    short batches, with sample weight 0), and keeps each client's loss and samples."""
+    s-th batch in one index into their concatenated samples (a last row of zeros labelled
+    `IGNORED` pads short batches: its loss is 0 whatever the logits, and its sample weight 0
+    too), and keeps each client's loss and samples."""
 
     def __init__(self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext):
         self.tasks, self.datas = tasks, datas
         self.plans = [list(ctx.batches(t, len(d))) for t, d in zip(tasks, datas)]
         self.count = max(len(p) for p in self.plans)
         self.xs = torch.cat([*(d.x for d in datas), torch.zeros_like(datas[0].x[:1])])
-        self.ys = torch.cat([*(d.y for d in datas), torch.zeros_like(datas[0].y[:1])])
+        self.ys = torch.cat([*(d.y for d in datas), torch.full_like(datas[0].y[:1], IGNORED)])
         self.offsets = np.cumsum([0, *(len(d) for d in datas)])
         k = len(tasks)
         self.alive, self.total, self.samples, self.failure = [True] * k, [0.0] * k, [0] * k, {}

@@ -11,16 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import rng
-from ..config import (
-    ConfigError,
-    DataConfig,
-    DirichletPartition,
-    IidPartition,
-    NaturalPartition,
-    NonIidLevelPartition,
-    SampledPartition,
-    ShardsPartition,
-)
+from ..config import ConfigError, DataConfig, DirichletPartition, IidPartition, NaturalPartition, NonIidLevelPartition, SampledPartition, ShardsPartition
 from .clients import Clients, Partitioned, Sampled
 from .sources import Dataset, load_dataset
 
@@ -102,7 +93,8 @@ def shards(
     g: np.random.Generator,
     num_classes: int,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """HeteroFL's non-iid-k split (public code `data.py`, seed-code-facts 1.9).
+    """HeteroFL's non-iid-k split (public code `data.py`; docs/papers.md, HeteroFL: public code,
+    non-iid-k split).
 
     Each class's indices, in dataset order, are cut into k*N/C contiguous shards. The list of
     classes repeated k*N/C times is permuted and reshaped to N x k; each row, de-duplicated,

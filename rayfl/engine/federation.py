@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import rng
 from ..algorithms import registry
+from ..algorithms.base import ClientProcedure, ServerPolicy
 from ..algorithms.messages import FederationContext
 from ..algorithms.vectorize import check_vectorizable
 from ..config import ConfigError, ModelConfig, RunConfig
@@ -22,7 +23,6 @@ from ..devices import CostCache, ModelCost, Population, configured_profile
 from ..evaluate import Evaluator
 from ..models import ModelCache, to_numpy
 from ..optim import OptimizerSpec
-from ..algorithms.base import ClientProcedure, ServerPolicy
 
 
 @dataclass(frozen=True, eq=False)

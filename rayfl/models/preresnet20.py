@@ -1,5 +1,6 @@
 """PreResNet-20 as FeDepth defines it (Zhang et al. 2023; public code
-`preresnet_res_light.resnet20`, seed-code-facts 3.1), width-slimmable and depth-sliceable.
+`preresnet_res_light.resnet20`, docs/papers.md, FeDepth: public code, PreResNet-20),
+width-slimmable and depth-sliceable.
 
 Stem: a 3-tap conv (3x3 on images) to 16r channels and a norm, with no ReLU after it. Then nine
 single-block layers `layers.<i>` of pre-activation basic blocks (`preresnet.Block`): widths

@@ -1,6 +1,7 @@
 """FedSup's MobileNetV1-style supernet (Kim & Yun, "Supernet Training for Federated Image
 Classification under System Heterogeneity", Table 5; public code `Kthyeon/FedSup`,
-seed-code-facts 4.1), with elastic width, depth and kernel size in every stage.
+docs/papers.md, FedSup: public code, search space), with elastic width, depth and kernel size
+in every stage.
 
 Stem: a 3-tap conv (3x3 on images) to `stem` channels with stride `stem_stride`, a norm, ReLU.
 Stages of depthwise-separable blocks (expand ratio 1): depthwise k-tap conv (the stage's stride

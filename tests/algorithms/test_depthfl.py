@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import torch
 
-from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.depthfl import (
     dyn_state_update,
     ensemble_scores,
@@ -23,10 +22,12 @@ from rayfl.algorithms.depthfl import (
     rampup,
     self_distillation_loss,
 )
+from rayfl.algorithms.messages import ClientResult
 from rayfl.engine import build_federation
 from rayfl.loader import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 FAIR = ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=4"]
 
@@ -191,16 +192,16 @@ def test_layerwise_mean_over_holders_and_kept_state():
 
     def result(c, value):
         (task,) = policy.configure(state, 1, [c])
-        return ClientResult(c, 1, {k: np.full_like(v, value) for k, v in task.weights.items()}, 50, 50, 0.0)
+        return ClientResult(client_id=c, round=1, weights={k: np.full_like(v, value) for k, v in task.weights.items()}, num_examples=50, num_samples=50, train_loss=0.0)
 
     def values(st, prefix):
         return sorted({float(v) for k, a in st.weights.items() if k.startswith(prefix) for v in np.ravel(a)})
 
-    new = policy.aggregate(state, 1, [result(shallow, 1.0), result(deep, 3.0)])
+    new = aggregated(policy, state, 1, [result(shallow, 1.0), result(deep, 3.0)])
     assert values(new, "stem.") == [2.0] and values(new, "layers.2.") == [2.0]  # both hold them: (1 + 3) / 2
     assert values(new, "aux.2.") == [2.0]  # the shallow client's head is aux.2
     assert values(new, "layers.3.") == [3.0] and values(new, "aux.5.") == [3.0] and values(new, "head.") == [3.0]  # the deep one alone
-    alone = policy.aggregate(state, 1, [result(shallow, 1.0)])
+    alone = aggregated(policy, state, 1, [result(shallow, 1.0)])
     assert values(alone, "layers.2.") == [1.0] and values(alone, "aux.2.") == [1.0]
     assert values(alone, "layers.3.") == [-9.0] and values(alone, "head.") == [-9.0] and values(alone, "aux.5.") == [-9.0]  # nobody held them
 
@@ -213,8 +214,8 @@ def test_feddyn_through_the_policy():
     (task,) = policy.configure(state, 1, [deep])
     assert task.feddyn and task.grad_prev is None
     grad_prev = {k: np.full(np.shape(v), 0.5) for k, v in task.weights.items() if k in ctx.param_names}
-    result = ClientResult(deep, 1, {k: np.full_like(v, 1.0) for k, v in task.weights.items()}, 50, 50, 0.0, keep={"grad_prev": grad_prev})
-    new = policy.aggregate(state, 1, [result])
+    result = ClientResult(client_id=deep, round=1, weights={k: np.full_like(v, 1.0) for k, v in task.weights.items()}, num_examples=50, num_samples=50, train_loss=0.0, keep={"grad_prev": grad_prev})
+    new = aggregated(policy, state, 1, [result])
     # One holder of N = 8: h = -0.1 * (1/8) * (1 - 0) = -0.0125; theta = 1 - h / 0.1 = 1.125.
     np.testing.assert_allclose(new.opt_state["stem.conv.weight"], -0.0125)
     np.testing.assert_allclose(new.weights["stem.conv.weight"], 1.125, rtol=1e-6)

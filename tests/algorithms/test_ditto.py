@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from rayfl.algorithms import registry
-from rayfl.algorithms.messages import ClientResult
-from rayfl.algorithms.local import LocalState
 from rayfl.algorithms.ditto import DittoTask, personal_step
-from rayfl.engine import build_federation, run_round
+from rayfl.algorithms.local import LocalState
+from rayfl.algorithms.messages import ClientResult
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.evaluate import Evaluator
 from rayfl.loader import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import InProcessExecutor, run_local
-from rayfl.engine import torch_threads
-from tests.algorithms.tiny import TinyClients, context, linear
+from tests.algorithms.tiny import TinyClients, aggregated, context, linear
 
 
 def policy(ctx, **algorithm):
@@ -33,7 +32,7 @@ def test_personal_step_is_the_proximal_sgd_step():
     with torch.no_grad():
         model.weight.copy_(torch.tensor(W))
         model.bias.copy_(torch.tensor(b))
-    v = LocalState(model, torch.optim.SGD(model.parameters(), lr=lr), [torch.tensor(W0), torch.tensor(b0)])
+    v = LocalState(model, torch.optim.SGD(model.parameters(), lr=lr), {"weight": torch.tensor(W0), "bias": torch.tensor(b0)})
     # Execute
     loss = personal_step(v, (torch.tensor([[x]], dtype=torch.float64), torch.tensor([y])), lam)
     # Assert: v <- v - lr (grad F(v) + lam (v - w^t)), grad of CE = (softmax - e_y) [x, 1].
@@ -47,7 +46,7 @@ def test_personal_step_is_the_proximal_sgd_step():
 
 
 def result(cid, w, n, personal):
-    return ClientResult(cid, 1, {"w": np.array(w, np.float32)}, n, n, 0.0, keep={"personal": {"w": np.array(personal, np.float32)}})
+    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32)}, num_examples=n, num_samples=n, train_loss=0.0, keep={"personal": {"w": np.array(personal, np.float32)}})
 
 
 def test_personal_models_persist_per_client_and_are_not_averaged():
@@ -56,14 +55,14 @@ def test_personal_models_persist_per_client_and_are_not_averaged():
     # Round 1: v_k starts as the global model; w^1 is FedAvg's mean, each v_k kept as returned.
     first = pol.configure(state, 1, [0, 1])
     assert all(t.personal is state.weights for t in first)
-    state = pol.aggregate(state, 1, [result(0, [1.0], 10, [7.0]), result(1, [5.0], 30, [9.0])])
+    state = aggregated(pol, state, 1, [result(0, [1.0], 10, [7.0]), result(1, [5.0], 30, [9.0])])
     assert state.weights["w"].tolist() == [4.0]  # (10 * 1 + 30 * 5) / 40
     assert state.clients[0]["w"].tolist() == [7.0] and state.clients[1]["w"].tolist() == [9.0]
     # Round 2: client 0 gets its own v_0, client 2 (never selected) the current global model.
     second = {t.client_id: t for t in pol.configure(state, 2, [0, 2])}
     assert second[0].personal["w"].tolist() == [7.0]
     assert second[2].personal is state.weights
-    state = pol.aggregate(state, 2, [result(0, [4.0], 10, [8.0])])
+    state = aggregated(pol, state, 2, [result(0, [4.0], 10, [8.0])])
     assert state.clients[0]["w"].tolist() == [8.0] and state.clients[1]["w"].tolist() == [9.0]  # client 1 untouched
 
 
@@ -71,7 +70,7 @@ def test_client_cost_counts_both_models_but_only_the_global_ones_bytes():
     pol = policy(context(cost_of=lambda variant: SimpleNamespace(train_flops=3.0)))
     w = {"w": np.zeros(4, np.float32)}
     task = pol.task(0, 1, w, kind=DittoTask, personal={"w": np.zeros(100, np.float32)})
-    flops, down, up = pol.client_cost(task, ClientResult(0, 1, w, 5, 10, 0.0, keep={"personal": task.personal}))
+    flops, down, up = pol.client_cost(task, ClientResult(client_id=0, round=1, weights=w, num_examples=5, num_samples=10, train_loss=0.0, keep={"personal": task.personal}))
     assert (flops, down, up) == (2 * 3.0 * 10, 16, 16)
 
 

@@ -9,6 +9,7 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.messages import ClientResult, ClientTask, FederationContext
 from rayfl.loader import parse_config
 from rayfl.optim import OptimizerSpec
+from tests.algorithms.tiny import aggregated
 
 
 def context(param_names=("w",)):
@@ -18,14 +19,14 @@ def context(param_names=("w",)):
 
 
 def result(cid, w, n, extra=None):
-    return ClientResult(cid, 1, {"w": np.array(w, np.float32), **(extra or {})}, n, n, 0.0)
+    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32), **(extra or {})}, num_examples=n, num_samples=n, train_loss=0.0)
 
 
 def test_fedavg_aggregate_is_the_sample_weighted_mean():
     cfg = parse_config({"algorithm": {"name": "fedavg"}})
     policy = registry.get("fedavg").policy(cfg, context())
     state = policy.init_state({"w": np.array([0.0, 0.0], np.float32), "running": np.array([1.0], np.float32)})
-    new = policy.aggregate(state, 1, [result(0, [1, 2], 10, {"running": np.array([2.0], np.float32)}), result(1, [5, 6], 30, {"running": np.array([6.0], np.float32)})])
+    new = aggregated(policy, state, 1, [result(0, [1, 2], 10, {"running": np.array([2.0], np.float32)}), result(1, [5, 6], 30, {"running": np.array([6.0], np.float32)})])
     assert new.weights["w"].tolist() == [4.0, 5.0]  # (10 * [1, 2] + 30 * [5, 6]) / 40
     assert new.weights["running"].tolist() == [5.0]  # buffers: the same weighted mean
     assert new.round == 1
@@ -35,7 +36,7 @@ def test_fedavg_server_lr_scales_the_pseudo_gradient():
     cfg = parse_config({"algorithm": {"name": "fedavg", "server_lr": 0.5}})
     policy = registry.get("fedavg").policy(cfg, context())
     state = policy.init_state({"w": np.array([2.0, 2.0], np.float32)})
-    new = policy.aggregate(state, 1, [result(0, [4, 0], 1)])
+    new = aggregated(policy, state, 1, [result(0, [4, 0], 1)])
     assert new.weights["w"].tolist() == [3.0, 1.0]  # x + 0.5 (x_k - x)
 
 
@@ -43,7 +44,7 @@ def test_fedadam_policy_applies_adam_to_the_mean_delta():
     cfg = parse_config({"algorithm": {"name": "fedadam", "server_lr": 0.1, "tau": 0.01}})
     policy = registry.get("fedadam").policy(cfg, context())
     state = policy.init_state({"w": np.array([0.0], np.float32)})
-    new = policy.aggregate(state, 1, [result(0, [1.0], 1), result(1, [3.0], 1)])
+    new = aggregated(policy, state, 1, [result(0, [1.0], 1), result(1, [3.0], 1)])
     delta = 2.0
     m, v = 0.1 * delta, 0.99 * 1e-4 + 0.01 * delta**2
     assert new.weights["w"][0] == pytest.approx(0.1 * m / (np.sqrt(v) + 0.01), rel=1e-6)

@@ -8,18 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss, train_stage
 from rayfl.algorithms.messages import ClientResult
-from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss
-from rayfl.engine import ClientRunner
 from rayfl.config import ConfigError
 from rayfl.devices.cost import measure
-from rayfl.engine import build_federation, run_round
+from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
 from rayfl.engine.federation import width_memory
 from rayfl.loader import load_config
-from rayfl.models import build_model
+from rayfl.models import build_model, to_numpy
 from rayfl.models.preresnet20 import PreResNet20Config, link
 from rayfl.runner import InProcessExecutor
-from rayfl.engine import torch_threads
+from tests.algorithms.tiny import aggregated
 
 BIG_BATCH = ["federation.batch_size=128", "data.num_clients=8", "federation.clients_per_round=4"]
 
@@ -39,12 +38,13 @@ def test_the_public_codes_preresnet20_schedules_come_out_of_measured_memory():
     shape = (3, 32, 32)
     cfg = load_config(None, ["algorithm.name=fedepth", "federation.batch_size=128", "federation.momentum=0.9"])
     cost_of = lambda v: measure(build_model(v, shape, 10), shape)  # noqa: E731
+    training_memory = lambda v: cost_of(v).training_memory(128, 1)  # noqa: E731  (batch 128, SGD with momentum)
     from rayfl.algorithms.fedepth import measure_layers, plan
 
     costs = measure_layers(build_model(cfg.model, shape, 10), shape)
     schedules = {}
     for r in (1 / 8, 1 / 6, 1 / 3, 1 / 2, 1.0):
-        p = plan(costs, width_memory(cfg, cost_of, r), 128, 1, [costs.head], num_examples=400, memory="blocks", cache="never", mkd=2)
+        p = plan(costs, width_memory(cfg, training_memory, r), 128, 1, [costs.head], num_examples=400, memory="blocks", cache="never", mkd=2)
         schedules[r] = [[i + 1 for i in b] for b in p.blocks]  # 1-based layers, as the code names them
     assert schedules[1 / 6] == [[1], [2], [3], [4], [5, 6], [7, 8, 9]]
     assert schedules[1 / 3] == [[1, 2], [3, 4], [5, 6, 7, 8, 9]]
@@ -65,7 +65,7 @@ def test_stage_accounting_leaves_the_sixth_width_short_of_the_first_block():
     from rayfl.algorithms.fedepth import measure_layers, plan
 
     costs = measure_layers(build_model(cfg.model, shape, 10), shape)
-    budget = width_memory(cfg, lambda v: measure(build_model(v, shape, 10), shape), 1 / 6)
+    budget = width_memory(cfg, lambda v: measure(build_model(v, shape, 10), shape).training_memory(128, 1), 1 / 6)
     p = plan(costs, budget, 128, 1, [costs.head], num_examples=400, memory="stage", cache="never", mkd=2)
     assert p.skip > 0
 
@@ -111,14 +111,32 @@ def task_for(fed, state, client, **fields):
 def test_frozen_blocks_stay_bit_identical_through_later_stages():
     fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "federation.momentum=0.9", "federation.weight_decay=5e-4")
     runner = ClientRunner.of(fed)
-    first = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2),)))
-    both = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9)))))
+    first = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2),))])[0]
+    both = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9))))])[0]
     early = [k for k in first.weights if k.startswith(("stem.", "layers.0.", "layers.1.", "layers.2."))]
     assert early and all(np.array_equal(first.weights[k], both.weights[k]) for k in early)
     assert not np.array_equal(first.weights["layers.5.conv1.weight"], both.weights["layers.5.conv1.weight"])
     # The public code under PyTorch 1.7: momentum and weight decay keep moving the frozen block.
-    drift = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9))), drift=True))
+    drift = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9))), drift=True)])[0]
     assert not np.array_equal(first.weights["layers.1.conv1.weight"], drift.weights["layers.1.conv1.weight"])
+
+
+def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
+    # Problem (1), stage j = 1 of blocks {0, 1, 2} {3, 4, 5}: only layers 3-5 and the head move
+    # (the stem trains with the first block only, later layers wait for their stage); the stage
+    # runs the task's epochs over the client's samples, and its loss is their weighted sum.
+    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "federation.local_epochs=2", "federation.momentum=0.9")
+    runner = ClientRunner.of(fed)
+    task = task_for(fed, state, 0, blocks=((0, 1, 2), (3, 4, 5)))
+    data = runner.data(0)
+    model = runner.context.load(task.model, task.weights)
+    before = to_numpy(model)
+    with torch_threads():
+        loss_sum, samples = train_stage(model, task, 1, (3, 4, 5), data, runner.context)
+    after = to_numpy(model)
+    moved = {k.split(".")[0] + ("." + k.split(".")[1] if k.startswith("layers.") else "") for k in before if not np.array_equal(before[k], after[k])}
+    assert moved == {"layers.3", "layers.4", "layers.5", "head"}
+    assert samples == 2 * len(data) and 0 < loss_sum / samples < 10
 
 
 def test_a_cached_prefix_trains_as_the_recomputed_one():
@@ -126,8 +144,8 @@ def test_a_cached_prefix_trains_as_the_recomputed_one():
     fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "model.norm=gn", "federation.batch_size=16")
     runner = ClientRunner.of(fed)
     blocks = ((0, 1, 2), (3, 4, 5), (6, 7, 8))
-    cached = runner.run(task_for(fed, state, 1, blocks=blocks, cache=True))
-    again = runner.run(task_for(fed, state, 1, blocks=blocks))
+    cached = runner.run_all([task_for(fed, state, 1, blocks=blocks, cache=True)])[0]
+    again = runner.run_all([task_for(fed, state, 1, blocks=blocks)])[0]
     for k in cached.weights:
         np.testing.assert_allclose(cached.weights[k], again.weights[k], rtol=1e-4, atol=1e-6)
 
@@ -136,7 +154,7 @@ def test_client_cost_counts_the_frozen_prefix_of_every_stage():
     fed, state = federation("algorithm.name=fedepth", *BIG_BATCH)
     policy, c = fed.policy, fed.policy.costs
     blocks = ((0, 1, 2), tuple(range(3, 9)))
-    result = ClientResult(0, 1, state.weights, 50, 200, 0.0)  # 100 samples per stage
+    result = ClientResult(client_id=0, round=1, weights=state.weights, num_examples=50, num_samples=200, train_loss=0.0)  # 100 samples per stage
     flops, down, up = policy.client_cost(task_for(fed, state, 0, blocks=blocks), result)
     stage1 = c.stem.train_flops + sum(l.train_flops for l in c.layers[:3]) + c.head.train_flops
     stage2 = c.stem.forward_flops + sum(l.forward_flops for l in c.layers[:3]) + sum(l.train_flops for l in c.layers[3:]) + c.head.train_flops
@@ -158,8 +176,8 @@ def test_m_fedepth_averages_each_head_over_the_clients_that_trained_it():
     small = next(c for c, p in plans.items() if len(p.blocks) > 3)
     full = next(c for c, p in plans.items() if len(p.blocks) == 1)
     ends = {b[-1] for b in plans[small].blocks[:-1]}
-    results = [ClientResult(small, 1, constant(state.weights, 1.0), 10, 10, 0.0), ClientResult(full, 1, constant(state.weights, 3.0), 30, 30, 0.0)]
-    new = policy.aggregate(state, 1, results).weights
+    results = [ClientResult(client_id=small, round=1, weights=constant(state.weights, 1.0), num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=full, round=1, weights=constant(state.weights, 3.0), num_examples=30, num_samples=30, train_loss=0.0)]
+    new = aggregated(policy, state, 1, results).weights
     assert new["layers.4.conv1.weight"].flat[0] == pytest.approx(2.5)  # the body: both, (10 * 1 + 30 * 3) / 40
     assert new["head.linear.weight"].flat[0] == pytest.approx(2.5)
     for i in range(8):
@@ -175,8 +193,8 @@ def test_partial_clients_leave_their_skipped_layers_to_the_others():
     plans = {c: fed.policy.plan_of(c) for c in range(8)}
     partial = next(c for c, p in plans.items() if p.skip > 0)
     other = next(c for c, p in plans.items() if p.skip == 0)
-    results = sorted([ClientResult(partial, 1, constant(state.weights, 1.0), 10, 10, 0.0), ClientResult(other, 1, constant(state.weights, 3.0), 30, 30, 0.0)], key=lambda r: r.client_id)
-    new = fed.policy.aggregate(state, 1, results).weights
+    results = sorted([ClientResult(client_id=partial, round=1, weights=constant(state.weights, 1.0), num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=other, round=1, weights=constant(state.weights, 3.0), num_examples=30, num_samples=30, train_loss=0.0)], key=lambda r: r.client_id)
+    new = aggregated(fed.policy, state, 1, results).weights
     assert np.all(new["layers.0.conv1.weight"] == 3.0)  # skipped by the partial client
     assert new[f"layers.{plans[partial].skip}.conv1.weight"].flat[0] == pytest.approx(2.5)
     assert new["stem.conv.weight"].flat[0] == pytest.approx(2.5)  # the stem trains with the first block
@@ -239,8 +257,8 @@ def test_depthwise_fine_tuning_of_a_pretrained_transformer(tmp_path):
     assert np.all(state.weights["layers.3.ff1.weight"] == np.float32(0.01))
     assert state.weights["head.fc.weight"].shape == (10, 64) and state.weights["head.fc.weight"].any()
     runner = ClientRunner.of(fed)
-    one = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2),)))
-    two = runner.run(task_for(fed, state, 0, blocks=((0, 1, 2), (3, 4, 5))))
+    one = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2),))])[0]
+    two = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2), (3, 4, 5)))])[0]
     assert not np.array_equal(one.weights["position"], state.weights["position"])  # the stem trained in stage 1
     for k in ("position", "embed.weight", "layers.1.attn.q"):
         assert np.array_equal(one.weights[k], two.weights[k])  # frozen through stage 2

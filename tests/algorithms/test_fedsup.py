@@ -11,14 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms import aggregate
-from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
-from rayfl.engine import ClientRunner
-from rayfl.engine import build_federation
+from rayfl.algorithms.messages import ClientResult
+from rayfl.engine import ClientRunner, build_federation, torch_threads
 from rayfl.loader import load_config
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
 from rayfl.runner import run_local
-from rayfl.engine import torch_threads
+from tests.algorithms.tiny import aggregated
 
 SMALL = SupernetSmallConfig()
 FEW = ["data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1"]
@@ -60,7 +59,7 @@ def test_a_step_accumulates_the_gradients_of_its_subnets_then_steps_once():
         fed = build_federation(cfg)
         state = fed.policy.init_state(fed.initial_weights())
         task = fed.policy.configure(state, 1, [0])[0]
-        out = ClientRunner.of(fed).run(task)
+        out = ClientRunner.of(fed).run_all([task])[0]
         # By hand: one batch (the whole client), the step's three sub-nets, summed gradients, one SGD step.
         model = copy.deepcopy(fed.models.load(cfg.model, state.weights))
         model.train()
@@ -132,5 +131,5 @@ def test_fedsup_averages_whole_supernets_by_samples():
     state = fed.policy.init_state(fed.initial_weights())
     ones = {k: np.ones_like(v) for k, v in state.weights.items()}
     threes = {k: np.full_like(v, 3.0) for k, v in state.weights.items()}
-    new = fed.policy.aggregate(state, 1, [ClientResult(0, 1, ones, 10, 10, 0.0), ClientResult(1, 1, threes, 30, 30, 0.0)]).weights
+    new = aggregated(fed.policy, state, 1, [ClientResult(client_id=0, round=1, weights=ones, num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=1, round=1, weights=threes, num_examples=30, num_samples=30, train_loss=0.0)]).weights
     assert all(np.allclose(v, 2.5) for v in new.values())

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.aggregate import AggregationError, add_up, count_finish, count_sum, extract
-from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.heterofl import (
     HeteroFLPolicy,
     assign_capability,
@@ -18,13 +17,15 @@ from rayfl.algorithms.heterofl import (
     masked_logits,
     parse_levels,
 )
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
 from rayfl.data import Dataset, Partitioned
-from rayfl.loader import parse_config
 from rayfl.devices import CostCache
+from rayfl.loader import parse_config
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 
 def count_mean(global_weights, updates, row_masks=None, client_weights=None):
@@ -92,6 +93,7 @@ def test_preresnet_sub_model_is_aligned_through_blocks_and_shortcuts():
 
 def context(input_shape, num_clients=10, memory=None, hist=None):
     costs = CostCache()
+    cost_of = lambda v: costs.get(v, lambda: build_model(v, input_shape, 10), input_shape)  # noqa: E731
     return FederationContext(
         seed=0,
         num_clients=num_clients,
@@ -102,7 +104,8 @@ def context(input_shape, num_clients=10, memory=None, hist=None):
         param_names=frozenset(),
         memory_bytes=np.full(num_clients, 2.0**40) if memory is None else memory,
         test_split=None,
-        cost_of=lambda v: costs.get(v, lambda: build_model(v, input_shape, 10), input_shape),
+        cost_of=cost_of,
+        training_memory=lambda v: cost_of(v).training_memory(10, 0),  # the default federation: batch 10, plain SGD
     )
 
 
@@ -228,7 +231,7 @@ def test_classifier_rows_by_label_split_is_its_own_switch(rows, expected):
     ctx = dataclasses.replace(context((2,), num_clients=2), num_classes=4, label_histogram=lambda: np.array([[5, 0, 5, 0], [5, 5, 0, 0]]))
     policy = HeteroFLPolicy(cfg, ctx)
     state = policy.init_state({"1.weight": np.full((4, 2), 9.0, np.float32), "1.bias": np.full(4, 9.0, np.float32)})
-    results = [ClientResult(c, 1, {"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)}, 10, 10, 0.0) for c, v in ((0, 1.0), (1, 5.0))]
-    out = policy.aggregate(state, 1, results)
+    results = [ClientResult(client_id=c, round=1, weights={"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)}, num_examples=10, num_samples=10, train_loss=0.0) for c, v in ((0, 1.0), (1, 5.0))]
+    out = aggregated(policy, state, 1, results)
     # on: class 0 both (3), class 1 only b (5), class 2 only a (1), class 3 nobody (9); off: every row held by both
     assert out.weights["1.bias"].tolist() == expected and out.weights["1.weight"][:, 1].tolist() == expected

@@ -2,7 +2,8 @@
 aggregation weights, momentum distillation against a hand-computed two-round example, the depth
 baselines, and HeteroFL at equal parameter counts.
 
-The public code's momentum distillation is a no-op through three bugs (seed-code-facts 5.4);
+The public code's momentum distillation is a no-op through three bugs (docs/papers.md,
+InclusiveFL: public code, momentum distillation);
 each one fails an assertion here:
 - it assigns instead of accumulating over the layers: `test_momentum_is_the_mean_over_layers`
   (m = 3; keeping the last layer gives 6 / 3 = 2) and, through the policy, the round-1 momentum
@@ -18,13 +19,14 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms import inclusivefl
-from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.inclusivefl import distill, heterogeneous, momentum_of, sharers
+from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation
 from rayfl.loader import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 P = "layers."
 
@@ -101,7 +103,7 @@ def test_two_rounds_through_the_policy():
 
     def result(j, rnd, value):
         sub = policy.submodel(state, j)
-        return ClientResult(client[j], rnd, {k: value(v) for k, v in sub.items()}, [10, 30, 60][j], 1, 0.0)
+        return ClientResult(client_id=client[j], round=rnd, weights={k: value(v) for k, v in sub.items()}, num_examples=[10, 30, 60][j], num_samples=1, train_loss=0.0)
 
     def group(state, j, prefix):
         return sorted({float(v) for k, arr in policy.submodel(state, j).items() if k.startswith(prefix) for v in np.ravel(arr)})
@@ -109,7 +111,7 @@ def test_two_rounds_through_the_policy():
     def momenta(state, j):
         return sorted({float(v) for m in state.opt_state[j].momentum.values() for v in np.ravel(m)})
 
-    state = policy.aggregate(state, 1, [result(j, 1, lambda v, j=j: np.full_like(v, j + 1.0)) for j in range(3)])
+    state = aggregated(policy, state, 1, [result(j, 1, lambda v, j=j: np.full_like(v, j + 1.0)) for j in range(3)])
     # Weak (depth 1): top layer 0 takes (1 - b) g + b m = 0.5 (m still 0); stem and head 1.
     assert group(state, 0, "layers.0.") == [0.5] and group(state, 0, "head.") == [1.0]
     # Medium (depth 2): top layer 1 takes 0.5 * 2 = 1; its momentum over layers 1..2 is (2 + 1) / 2.
@@ -120,7 +122,7 @@ def test_two_rounds_through_the_policy():
     assert group(state, 2, "embed.") == pytest.approx([2.5]) and group(state, 2, "layers.0.") == pytest.approx([8 / 3])
     assert group(state, 2, "layers.1.") == [3.0] and group(state, 2, "layers.2.") == [3.0] and group(state, 2, "head.") == [3.0]
 
-    state = policy.aggregate(state, 2, [result(j, 2, lambda v: v + 1.0) for j in range(3)])
+    state = aggregated(policy, state, 2, [result(j, 2, lambda v: v + 1.0) for j in range(3)])
     # Weak: top layer 0.5 + (0.5 * 1.5 + 0.5 * 1) = 1.75, the medium group's round-1 momentum blended in.
     assert group(state, 0, "layers.0.") == [1.75] and group(state, 0, "head.") == [2.0]
     # Medium: top layer 1 + (0.5 * 3 + 0.5 * 1) = 3, the large group's round-1 momentum; new momentum (1 + 2) / 2.
@@ -137,8 +139,8 @@ def test_each_group_takes_its_own_fedadam_step():
     policy, ctx = tiny_policy("algorithm.server_lrs=[0.1, 0.2, 0.4]", "algorithm.beta=0")
     client = [int(np.flatnonzero(ctx.device_classes == j)[0]) for j in range(3)]
     state = policy.init_state({k: np.zeros(v.shape, np.float32) for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()})
-    results = [ClientResult(client[j], 1, {k: np.ones_like(v) for k, v in policy.submodel(state, j).items()}, 5, 5, 0.0) for j in range(3)]
-    state = policy.aggregate(state, 1, results)
+    results = [ClientResult(client_id=client[j], round=1, weights={k: np.ones_like(v) for k, v in policy.submodel(state, j).items()}, num_examples=5, num_samples=5, train_loss=0.0) for j in range(3)]
+    state = aggregated(policy, state, 1, results)
     b1, b2, tau = 0.9, 0.99, 1e-3
     step = (1 - b1) / (np.sqrt(b2 * tau**2 + (1 - b2)) + tau)
     for j, eta in enumerate([0.1, 0.2, 0.4]):

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from rayfl.algorithms import aggregate
-from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.lgfedavg import LGFedAvgPolicy, global_keys
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation, run_round
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.loader import load_config, parse_config
 from rayfl.models import build_model
 from rayfl.runner import InProcessExecutor
-from rayfl.engine import torch_threads
+from tests.algorithms.tiny import aggregated
 
 MLP = {"algorithm": {"name": "lgfedavg"}, "model": {"name": "mlp", "hidden": [3]}}
 """Flatten, Linear(2, 3) as `1.*` (the body), ReLU, Linear(3, 2) as `5.*` (the global layer)."""
@@ -36,7 +36,7 @@ def hand(body, top, bias):
 def trained(cid, n, body, top, bias):
     """A result as the engine hands it to a summing policy: theta^l_k kept, theta^g_k summed away."""
     b, t = hand(body, top, bias)
-    return ClientResult(cid, 1, t, n, n, 0.0, keep={"body": b})
+    return ClientResult(client_id=cid, round=1, weights=t, num_examples=n, num_samples=n, train_loss=0.0, keep={"body": b})
 
 
 def test_global_keys_are_the_last_weight_layers():
@@ -67,13 +67,13 @@ def test_aggregate_averages_only_the_global_layers_sample_weighted_and_keeps_eac
 def test_the_body_persists_per_client_and_only_global_bytes_travel():
     policy = LGFedAvgPolicy(parse_config(MLP), context())
     b0, t0 = hand(0.0, 0.0, [0, 0])
-    state = policy.aggregate(policy.init_state({**b0, **t0}), 1, [trained(0, 10, 7.0, 1.0, [1, 2])])
+    state = aggregated(policy, policy.init_state({**b0, **t0}), 1, [trained(0, 10, 7.0, 1.0, [1, 2])])
     old, new = policy.configure(state, 2, [0, 2])
     assert (old.body["1.weight"] == 7).all()  # client 0's own theta^l_0 from round 1
     assert (new.body["1.weight"] == 0).all()  # a first selection starts from theta^l_0
     assert set(old.weights) == {"5.weight", "5.bias"} and old.weights["5.bias"].tolist() == [1.0, 2.0]
     _, up = hand(3.0, 3.0, [3, 3])
-    _, down_bytes, up_bytes = policy.client_cost(old, ClientResult(0, 2, up, 10, 10, 0.0, keep={"body": b0}))
+    _, down_bytes, up_bytes = policy.client_cost(old, ClientResult(client_id=0, round=2, weights=up, num_examples=10, num_samples=10, train_loss=0.0, keep={"body": b0}))
     assert (down_bytes, up_bytes) == ((2 * 3 + 2) * 4, (2 * 3 + 2) * 4)  # float32 Linear(3, 2); the body's 36 bytes stay
 
 

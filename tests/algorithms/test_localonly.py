@@ -6,14 +6,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.localonly import LocalOnlyPolicy
-from rayfl.engine import ClientRunner
-from rayfl.engine import build_federation, run_round
-from rayfl.loader import load_config, parse_config
+from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.personal import client_test_indices
+from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
+from rayfl.loader import load_config, parse_config
 from rayfl.runner import InProcessExecutor
-from rayfl.engine import torch_threads
+from tests.algorithms.tiny import aggregated
 
 
 def context():
@@ -24,20 +23,20 @@ def context():
 
 
 def result(cid, w, n):
-    return ClientResult(cid, 1, {"w": np.array(w, np.float32)}, n, n, 0.0)
+    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32)}, num_examples=n, num_samples=n, train_loss=0.0)
 
 
 def test_each_client_keeps_its_own_model_and_new_clients_start_from_w0():
     policy = LocalOnlyPolicy(parse_config({"algorithm": {"name": "localonly"}}), context())
     state = policy.init_state({"w": np.array([0.0, 0.0], np.float32)})
-    state = policy.aggregate(state, 1, [result(0, [1, 2], 10), result(1, [5, 6], 30)])
+    state = aggregated(policy, state, 1, [result(0, [1, 2], 10), result(1, [5, 6], 30)])
     assert state.clients[0]["w"].tolist() == [1.0, 2.0]  # not (10 [1, 2] + 30 [5, 6]) / 40
     assert state.clients[1]["w"].tolist() == [5.0, 6.0]
     assert state.weights["w"].tolist() == [0.0, 0.0]  # w_0 never moves
     tasks = policy.configure(state, 2, [0, 2])
     assert tasks[0].weights["w"].tolist() == [1.0, 2.0]  # its own w_0 -> w_1
     assert tasks[1].weights["w"].tolist() == [0.0, 0.0]  # first selection: w_0
-    state = policy.aggregate(state, 2, [result(0, [3, 3], 10)])
+    state = aggregated(policy, state, 2, [result(0, [3, 3], 10)])
     assert state.clients[0]["w"].tolist() == [3.0, 3.0] and state.clients[1]["w"].tolist() == [5.0, 6.0]
 
 
@@ -58,7 +57,7 @@ def test_after_two_rounds_a_client_holds_its_continued_training_not_an_average()
         for rnd in (1, 2):
             state = run_round(fed, state, rnd, executor, 0.0).state
         for rnd in (1, 2):  # each client trained on its own, one round after the other
-            alone = {c: runner.run(fed.policy.task(c, rnd, alone[c])).weights for c in (0, 1)}
+            alone = {c: runner.run_all([fed.policy.task(c, rnd, alone[c])])[0].weights for c in (0, 1)}
     for c in (0, 1):
         for k, v in alone[c].items():
             np.testing.assert_array_equal(state.clients[c][k], v)

@@ -3,13 +3,13 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 import torch
 
 from rayfl.algorithms.local import LocalState
-from rayfl.loader import load_config
 from rayfl.engine import build_federation
+from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
     result = fed.procedure.final(task, LocalState(model, None), 10, 10, 0.0)
     size = sum(np.asarray(task.weights[k]).size for k in policy.context.param_names)
     assert result.metrics["update_norm"] == pytest.approx(np.sqrt(size))
-    new = policy.aggregate(state, 1, [result])
+    new = aggregated(policy, state, 1, [result])
     assert float(new.clients[first[0]]["reward"]) == result.metrics["update_norm"]
     assert np.isnan(float(new.clients[first[1]]["reward"]))
 

@@ -7,10 +7,9 @@ import pytest
 
 from rayfl.algorithms import registry
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation, run_round
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.loader import load_config
 from rayfl.runner import InProcessExecutor, run_local
-from rayfl.engine import torch_threads
 
 ALGORITHMS = sorted(registry.algorithms())
 

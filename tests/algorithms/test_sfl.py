@@ -7,6 +7,7 @@ import pytest
 from rayfl.config import ConfigError
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 
 def test_sfl_learns_and_counts_features_gradients_and_bottom_models(tmp_path):
@@ -58,9 +59,10 @@ def test_the_emulated_clock_holds_a_split_round_from_the_start_of_its_exchange(t
     import time
 
     from rayfl import runner
+    from rayfl.engine import loop, scheduler
 
     scale, spans = 0.3, {}
-    exchange, settle_round, evaluate = runner.InProcessExecutor.exchange, runner.settle_round, runner.evaluate
+    exchange, settle_round, evaluate = runner.InProcessExecutor.exchange, scheduler.settle_round, loop.evaluate
 
     def timed_exchange(self, tasks, driver):
         spans[tasks[0].round] = [time.perf_counter()]
@@ -76,8 +78,8 @@ def test_the_emulated_clock_holds_a_split_round_from_the_start_of_its_exchange(t
         return evaluate(fed, outcome)
 
     monkeypatch.setattr(runner.InProcessExecutor, "exchange", timed_exchange)
-    monkeypatch.setattr(runner, "settle_round", timed_settle)
-    monkeypatch.setattr(runner, "evaluate", slow_evaluate)
+    monkeypatch.setattr(scheduler, "settle_round", timed_settle)
+    monkeypatch.setattr(loop, "evaluate", slow_evaluate)
     run_local(load_config(None, ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]), tmp_path)
     m = pd.read_parquet(tmp_path / "metrics.parquet").set_index("round")
     assert sorted(spans) == [1, 2, 3]
@@ -124,10 +126,10 @@ def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():
     fed = build_federation(load_config(None, ["algorithm.name=sfl", "model.name=cnn2"]))
     policy, state = fed.policy, fed.policy.init_state(fed.initial_weights())
     results = [
-        ClientResult(c, 1, {k: np.full_like(state.weights[k], v) for k in policy.bottom_keys}, 50, n, 0.0)
+        ClientResult(client_id=c, round=1, weights={k: np.full_like(state.weights[k], v) for k in policy.bottom_keys}, num_examples=50, num_samples=n, train_loss=0.0)
         for c, v, n in ((0, 1.0, 10), (1, 5.0, 30))
     ]
-    new = policy.aggregate(state, 1, results)
+    new = aggregated(policy, state, 1, results)
     for k in policy.bottom_keys:
         assert np.allclose(new.weights[k], (10 * 1.0 + 30 * 5.0) / 40)  # 4.0, not the plain mean 3.0
     for k in policy.top_keys:

@@ -20,8 +20,10 @@ from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
 from rayfl.devices.cost import nbytes
+from rayfl.devices import configured_profile
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 BUDGETS = np.array([100.0, 200.0, 300.0, 600.0] * 2)
 BASES = [1, 2, 3, 6] * 2
@@ -35,6 +37,7 @@ def stub_policy(*extra: str) -> SplitMixPolicy:
     context = FederationContext(
         seed=7, num_clients=8, num_classes=10, input_shape=(1, 8, 8), num_examples=np.full(8, 20), label_histogram=lambda: None,
         param_names=frozenset(), memory_bytes=BUDGETS, test_split=None, cost_of=cost, device_classes=np.arange(8) % 4,
+        profile=configured_profile(config.devices), training_memory=lambda variant: cost(variant).training_memory(20, 0),
     )
     return SplitMixPolicy(config, context)
 
@@ -76,7 +79,7 @@ def test_each_width_trains_its_share_of_the_bases():
         assert {k.split(".")[0] for k in t.weights} == {f"base{b}" for b in t.bases}
         assert len(t.weights) == n * len(state.weights) // 6
         assert all(float(v.flat[0]) == float(k.split(".")[0][4:]) for k, v in t.weights.items())
-        assert policy.client_cost(t, ClientResult(t.client_id, 3, t.weights, 20, 20, 0.0)) == (n * 6.0 / 6 * 20, nbytes(t.weights), nbytes(t.weights))
+        assert policy.client_cost(t, ClientResult(client_id=t.client_id, round=3, weights=t.weights, num_examples=20, num_samples=20, train_loss=0.0)) == (n * 6.0 / 6 * 20, nbytes(t.weights), nbytes(t.weights))
     # A configured atom of 1/8 makes 8 bases: floor(r * 8) = 1, 2, 4, 8.
     assert stub_policy("algorithm.atom=0.125").counts.tolist() == [1, 2, 4, 8] * 2
 
@@ -88,19 +91,19 @@ def test_each_base_is_averaged_over_its_trainers_by_samples():
 
     def result(client, bases, n, value):
         heads = {f"base{b}" for b in bases}
-        return ClientResult(client, 1, {k: np.full_like(v, value) for k, v in state.weights.items() if k.split(".")[0] in heads}, n, n, 0.0)
+        return ClientResult(client_id=client, round=1, weights={k: np.full_like(v, value) for k, v in state.weights.items() if k.split(".")[0] in heads}, num_examples=n, num_samples=n, train_loss=0.0)
 
     results = [result(1, (0, 2), 10, 1.0), result(2, (2, 3), 30, 5.0)]
     total = aggregate.add_up(policy.summand(r) for r in results)
-    weightless = [ClientResult(r.client_id, 1, {}, r.num_examples, r.num_samples, 0.0) for r in results]  # as the engine passes them
-    for new in (policy.aggregate(state, 1, results, None), policy.aggregate(state, 1, weightless, total)):
+    weightless = [ClientResult(client_id=r.client_id, round=1, weights={}, num_examples=r.num_examples, num_samples=r.num_samples, train_loss=0.0) for r in results]  # as the engine passes them
+    for new in (aggregated(policy, state, 1, results), policy.aggregate(state, 1, weightless, total)):
         values = {b: {float(x) for k, v in new.weights.items() if k.startswith(f"base{b}.") for x in np.ravel(v)} for b in range(6)}
         assert values[0] == {1.0}  # client 1 alone
         assert values[2] == {(10 * 1.0 + 30 * 5.0) / 40}  # 4.0, exact in float32
         assert values[3] == {5.0}  # client 2 alone
         assert values[1] == values[4] == values[5] == {-1.0}  # nobody trained them
         assert all(v.dtype == np.float32 for v in new.weights.values())
-    assert policy.aggregate(state, 1, []).weights is state.weights
+    assert aggregated(policy, state, 1, []).weights is state.weights
 
 
 # Margins (class-1 logit minus class-0 logit) of bases 0..5 on four samples, all of class 0.

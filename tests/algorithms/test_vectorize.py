@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation, run_round
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.loader import load_config
 from rayfl.runner import InProcessExecutor
-from rayfl.engine import torch_threads
 
 # Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run
 # out of batches at different steps, so sitting steps out and per-client clipping both matter.
@@ -33,8 +32,11 @@ def one_round(sets):
         ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"],
         # depth groups of a transformer: clients of one stack have different depths (one vmap group each)
         ["algorithm.name=inclusivefl", "model.name=transformer", "model.width=8", "model.heads=2", "model.ffn=8", "devices.profile=mobile"],
+        # width levels: clients of one width train together, each with its own label mask (-inf
+        # takes absent classes out of the softmax, so a wrong client's mask changes the loss)
+        ["algorithm.name=heterofl", "algorithm.levels=a1-c1", "algorithm.mask=-inf", "model.norm=none", "data.partition={kind: shards, classes_per_client: 2}"],
     ],
-    ids=["fedavg-sgd", "fedprox", "adam", "inclusivefl-transformer"],
+    ids=["fedavg-sgd", "fedprox", "adam", "inclusivefl-transformer", "heterofl-masked"],
 )
 def test_vectorized_clients_equal_sequential_ones(extra):
     seq = one_round([*BASE, *extra])
@@ -60,7 +62,8 @@ def test_a_diverging_client_fails_alike():
 @pytest.mark.parametrize(
     "sets, message",
     [
-        (["algorithm.name=heterofl"], "ray.vectorize: heterofl trains its clients one at a time"),
+        (["algorithm.name=ditto"], "ray.vectorize: ditto trains its clients one at a time"),
+        (["algorithm.name=heterofl"], "ray.vectorize: model cnn has batch norm"),
         (["model.name=cnn"], "ray.vectorize: model cnn has batch norm"),
         (["model.name=cnn", "model.norm=sbn"], "ray.vectorize: model cnn has batch norm"),
         (["model.name=alexnet"], "ray.vectorize: model alexnet has dropout"),

@@ -1,9 +1,20 @@
-"""Hand-sized stand-ins shared by the personalized baselines' tests (Ditto, Per-FedAvg): a federation
-context, a 1-d two-class problem's clients and the weights of a linear model on it."""
+"""Hand-sized stand-ins shared by the algorithms' tests: a federation context, a 1-d two-class
+problem's clients and the weights of a linear model on it (the personalized baselines), and a
+policy's aggregation of results in hand as the engine calls it."""
 
 import numpy as np
 
+from rayfl.algorithms.aggregate import add_up
 from rayfl.algorithms.messages import FederationContext
+
+
+def aggregated(policy, state, rnd, results):
+    """`policy.aggregate` as the engine calls it: for a policy whose aggregate is a sum, the
+    results' summands added up in order and the results without their weights; otherwise the
+    results as they are and an empty total."""
+    if not policy.sums:
+        return policy.aggregate(state, rnd, results, {})
+    return policy.aggregate(state, rnd, [r.replace(weights={}) for r in results], add_up(policy.summand(r) for r in results))
 
 
 def context(num_examples=(10, 30, 5), test_split=None, cost_of=None):

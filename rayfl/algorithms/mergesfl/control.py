@@ -2,11 +2,12 @@
 
 "MergeSFL: Split Federated Learning with Feature Merging and Batch Size Regulation", Yunming
 Liao, Yang Xu, Hongli Xu, Lun Wang, Zhiwei Yao, Chunming Qiao, ICDE 2024 (arXiv:2311.13348).
-The public code has no control module (seed-code-facts §2), so the paper's equations are the
-specification. Symbols: mu_i per-sample compute time, beta_i per-sample transmission time,
-d_i batch size, D the maximum batch size, tau iterations per round, V_i worker i's label
-distribution, Phi_0 the IID (mean) distribution, c the bandwidth one sample's features take,
-B the parameter server's ingress bandwidth budget, K_i participation counts.
+The public code has no control module (docs/papers.md, MergeSFL: public code, no control
+module), so the paper's equations are the specification. Symbols: mu_i per-sample compute
+time, beta_i per-sample transmission time, d_i batch size, D the maximum batch size, tau
+iterations per round, V_i worker i's label distribution, Phi_0 the IID (mean) distribution, c
+the bandwidth one sample's features take, B the parameter server's ingress bandwidth budget,
+K_i participation counts.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def regulate_batch_sizes(mu: np.ndarray, beta: np.ndarray, max_batch: int) -> np
     """Eq. 9: the fastest worker l gets D; worker i gets floor(D (mu_l + beta_l) / (mu_i + beta_i)).
 
     As printed, the floor wraps only the ratio, which is <= 1 for every worker slower than l
-    and would give them batch 0 (seed-code-facts gotcha 13). rayfl reads the floor around the
-    whole product, so durations align (t_i ~ t_l), with at least one sample per worker.
+    and would give them batch 0 (docs/papers.md, MergeSFL: Eq. 9 as printed). rayfl reads the
+    floor around the whole product, so durations align (t_i ~ t_l), with at least one sample
+    per worker.
     """
     per_sample = np.asarray(mu, float) + np.asarray(beta, float)
     fastest = per_sample.min()
@@ -194,7 +196,9 @@ def finetune_batch_sizes(
     added time (`_repair`), so the constraint holds whenever integers in [1, D] can meet it.
     Batch sizes already within eps are returned unchanged.
     """
-    from scipy.optimize import minimize  # imported here: every process loads the algorithms, few run Eq. 14
+    from scipy.optimize import (
+        minimize,  # imported here: every process loads the algorithms, few run Eq. 14
+    )
 
     V, d0 = np.asarray(V, float), np.asarray(d, float)
     w = np.asarray(per_sample, float) / len(d0)

@@ -28,13 +28,13 @@ import numpy as np
 from pydantic import Field
 
 from ... import rng
+from ...config import RunConfig
+from ...types import ClientId, Round
 from ..messages import ClientTask, FederationContext, ServerState
-from . import control
 from ..registry import Algorithm, register
 from ..sfl import SPLIT_MODELS, SFLConfig, SFLPolicy
-from ...config import RunConfig
 from ..split import SplitClient, SplitTask
-from ...types import ClientId, Round
+from . import control
 
 
 class MergeSFLConfig(SFLConfig):

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.mergesfl import control
-from rayfl.loader import load_config
 from rayfl.engine import build_federation
+from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.algorithms.tiny import aggregated
 
 BASE = ["algorithm.name=mergesfl", "model.name=cnn2", "data.partition={kind: noniid_level, p: 10}", "federation.lr=0.05"]
 PLAN = [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16", "federation.batch_size=8"]  # lr is the rate at batch 8
@@ -41,7 +42,7 @@ def test_aggregate_counts_participation_and_smooths_estimates(fed):
     from rayfl.runner import InProcessExecutor
 
     results = InProcessExecutor(fed).exchange(tasks, policy.open_driver(state, 1, tasks))
-    new = policy.aggregate(state, 1, results)
+    new = aggregated(policy, state, 1, results)
     mu1, beta1, K = policy.estimates(new)
     mu_hat, beta_hat = policy.measure(1)
     np.testing.assert_allclose(mu1, 0.8 * mu0 + 0.2 * mu_hat)  # Eq. 5
@@ -105,7 +106,7 @@ def test_the_budget_can_be_estimated_from_the_ingress_of_earlier_rounds(fed):
         tasks = policy.configure(state, rnd, policy.select(state, rnd, list(range(20))))
         assert sum(t.batch_size for t in tasks) <= policy.budget(state) + 1e-9  # Eq. 10 under the round's B^h
         results = InProcessExecutor(est).exchange(tasks, policy.open_driver(state, rnd, tasks))
-        state = policy.aggregate(state, rnd, results)
+        state = aggregated(policy, state, rnd, results)
         seen.append(policy.ingress(rnd))
         assert state.opt_state.observed == tuple(seen)
         assert policy.budget(state) == pytest.approx(np.quantile(seen, 0.25))

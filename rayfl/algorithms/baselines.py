@@ -1,0 +1,46 @@
+"""The baselines the width and depth papers compare against, declared once for both families.
+
+HeteroFL (Diao et al., ICLR 2021, Tables 1-3) and InclusiveFL (Liu et al., KDD 2022, Table 2)
+compare with the same three ways of ignoring device heterogeneity: AllLarge (every client
+trains the largest model, whatever its device), AllSmall (every client trains the smallest, so
+every device fits) and ExclusiveFL (only the devices that fit the largest model train).
+`register_baselines` declares the three on one family's machinery (its config, policy and
+procedure); the family says which of its config fields each baseline pins.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import create_model
+
+from ..config import AlgorithmConfig
+from .base import ClientProcedure, ServerPolicy
+from .registry import Algorithm, register
+
+KINDS = {
+    "alllarge": "every client trains the largest model, ignoring memory budgets",
+    "allsmall": "every client trains the smallest model, so every device fits",
+    "exclusivefl": "only the clients whose device fits the largest model train",
+}
+
+
+def register_baselines(
+    family: type[AlgorithmConfig],
+    suffix: str,
+    pins: Mapping[str, Mapping[str, tuple[Any, Any]]],
+    summaries: Mapping[str, str],
+    policy: type[ServerPolicy],
+    procedure: type[ClientProcedure],
+    **options: Any,
+) -> dict[str, Algorithm]:
+    """AllLarge, AllSmall and ExclusiveFL of one family, registered as `<kind><suffix>`: each a
+    config class derived from `family` with the fields `pins[kind]` set (name -> (type, default),
+    pydantic's `create_model`), the family's policy and procedure, and `options` (the
+    registration's default models, vectorizable)."""
+    out = {}
+    for kind, what in KINDS.items():
+        name = f"{kind}{suffix}"
+        config = create_model(f"{name.title().replace('_', '')}Config", __base__=family, __doc__=f"{summaries[kind]}: {what}.", name=(str, name), **pins[kind])
+        out[kind] = register(Algorithm(name, summaries[kind], config, policy, procedure, **options))
+    return out
