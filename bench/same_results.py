@@ -1,8 +1,10 @@
 """Are a set of runs the same, bit for bit, as a reference? (A restructuring's check.)
 
-Runs one small configuration per system (FedAvg, FedProx sequential and vectorized, FedAdam, HeteroFL,
-FeDepth, FedSup, E-FedSup, InclusiveFL, DepthFL, MergeSFL, typical split FL, SplitMix, Ditto
-with personalization) in process, each into OUT/<name>/. With `--against REF`, every run's
+Runs one small configuration per system (FedAvg, FedProx sequential and vectorized, FedAdam,
+FedYogi, HeteroFL, FeDepth, FedSup, E-FedSup, InclusiveFL, DepthFL, MergeSFL, typical split FL,
+SplitMix, Ditto with personalization, LG-FedAvg vectorized, PyramidFL, the width and depth
+ExclusiveFL baselines) and two whose clients fail (every client diverging; clients with no
+sample or one, skipped or failed) in process, each into OUT/<name>/. With `--against REF`, every run's
 `metrics.parquet` is compared with REF/<name>/ (all but the wall-clock column), and so is
 `clients.parquet` over the columns both have (the columns one of them lacks are listed); the
 script prints `identical` or the first difference per run, and exits 1 on any.
@@ -38,6 +40,13 @@ CONFIGS = {
     "sfl": ["algorithm.name=sfl"],
     "splitmix": ["algorithm.name=splitmix"],
     "ditto": ["algorithm.name=ditto", "federation.personalize_epochs=1"],
+    "fedyogi": ["algorithm.name=fedyogi"],
+    "exclusivefl": ["algorithm.name=exclusivefl", "devices.profile=mobile"],
+    "exclusivefl_depth": ["algorithm.name=exclusivefl_depth", "devices.profile=mobile"],
+    "lgfedavg_vectorized": ["algorithm.name=lgfedavg", "model.name=mlp", "ray.vectorize=3"],
+    "pyramidfl": ["algorithm.name=pyramidfl"],
+    "diverging": ["model.name=mlp", "federation.lr=1e6"],
+    "skipped_and_failed": ["data.num_clients=2000", "data.partition={kind: dirichlet, min_size: 0}"],
 }
 
 

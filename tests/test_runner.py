@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.algorithms.messages import ClientResult
 from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
 from rayfl.loader import load_config, parse_config
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
@@ -88,7 +87,7 @@ class PoisonOne(InProcessExecutor):
         super().__init__(fed)
         run_all = self.runner.run_all
         self.runner.run_all = lambda tasks: [
-            ClientResult.of(r, weights={k: np.full_like(v, np.nan) for k, v in r.weights.items()}, num_examples=r.num_examples, num_samples=r.num_samples, train_loss=r.train_loss) if r.client_id == 0 else r
+            r.replace(weights={k: np.full_like(v, np.nan) for k, v in r.weights.items()}) if r.client_id == 0 else r
             for r in run_all(tasks)
         ]
 

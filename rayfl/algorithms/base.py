@@ -127,7 +127,7 @@ class ServerPolicy:
 
     def personalize(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """Initial and personalized accuracy over clients (`federation.personalize_epochs` > 0):
-        the global model, and it with its head fine-tuned on each client (`rayfl.personalize`).
+        the global model, and it with its head fine-tuned on each client (`personal`).
         Personalized methods override this with their own personal models."""
         return self.personal_scores(evaluator.models.load(self.global_model(), state.weights), round, evaluator)
 

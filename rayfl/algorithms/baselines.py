@@ -10,6 +10,7 @@ procedure); the family says which of its config fields each baseline pins.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Mapping
 
 from pydantic import create_model
@@ -19,9 +20,9 @@ from .base import ClientProcedure, ServerPolicy
 from .registry import Algorithm, register
 
 KINDS = {
-    "alllarge": "every client trains the largest model, ignoring memory budgets",
-    "allsmall": "every client trains the smallest model, so every device fits",
-    "exclusivefl": "only the clients whose device fits the largest model train",
+    "alllarge": ("AllLarge", "every client trains the largest model, ignoring memory budgets"),
+    "allsmall": ("AllSmall", "every client trains the smallest model, so every device fits"),
+    "exclusivefl": ("ExclusiveFL", "only the clients whose device fits the largest model train"),
 }
 
 
@@ -37,10 +38,14 @@ def register_baselines(
     """AllLarge, AllSmall and ExclusiveFL of one family, registered as `<kind><suffix>`: each a
     config class derived from `family` with the fields `pins[kind]` set (name -> (type, default),
     pydantic's `create_model`), the family's policy and procedure, and `options` (the
-    registration's default models, vectorizable)."""
+    registration's default models, vectorizable). Each class is an attribute of the family's
+    module (`AllLargeConfig`, `AllLargeDepthConfig`, ...), so a config pickles by reference."""
+    module = sys.modules[family.__module__]
     out = {}
-    for kind, what in KINDS.items():
+    for kind, (title, what) in KINDS.items():
         name = f"{kind}{suffix}"
-        config = create_model(f"{name.title().replace('_', '')}Config", __base__=family, __doc__=f"{summaries[kind]}: {what}.", name=(str, name), **pins[kind])
+        class_name = f"{title}{suffix.title().replace('_', '')}Config"
+        config = create_model(class_name, __base__=family, __module__=module.__name__, __doc__=f"{title}: {what}.", name=(str, name), **pins[kind])
+        setattr(module, class_name, config)
         out[kind] = register(Algorithm(name, summaries[kind], config, policy, procedure, **options))
     return out

@@ -97,7 +97,9 @@ class FedAvgClient(ClientProcedure):
         return {}
 
     def data_loss(self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean") -> torch.Tensor:
-        """The data term: `cross_entropy` (its reduction as asked)."""
+        """The data term: `cross_entropy` (its reduction as asked). Vectorized, short batches are
+        padded with samples labelled `vectorize.IGNORED` (cross-entropy's `ignore_index`), whose
+        loss must come out 0: a data term of its own honours that label."""
         return cross_entropy(logits, y, reduction)
 
     def run_vectorized(self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:

@@ -35,12 +35,12 @@ class FedOptPolicy(FedAvgPolicy):
 
 class FedYogiConfig(FedOptConfig):
     name: Literal["fedyogi"] = "fedyogi"
-    kind: Literal["yogi"] = "yogi"
+    kind: Literal["yogi"] = Field("yogi", description="the server optimizer, set by the algorithm's name")
 
 
 class FedAdagradConfig(FedOptConfig):
     name: Literal["fedadagrad"] = "fedadagrad"
-    kind: Literal["adagrad"] = "adagrad"
+    kind: Literal["adagrad"] = Field("adagrad", description="the server optimizer, set by the algorithm's name")
 
 
 for _cfg, _title in ((FedOptConfig, "FedAdam"), (FedYogiConfig, "FedYogi"), (FedAdagradConfig, "FedAdagrad")):

@@ -336,7 +336,7 @@ HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested w
 # Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
 # FedAvg's weights, one level, dealt as the baseline asks.
 _SAMPLES = (Literal["count", "samples"], "samples")
-WIDTH_BASELINES = register_baselines(
+register_baselines(
     HeteroFLConfig,
     "",
     {

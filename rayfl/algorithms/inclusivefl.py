@@ -324,7 +324,7 @@ INCLUSIVEFL = register(
 
 
 # InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers (`plan`).
-DEPTH_BASELINES = register_baselines(
+register_baselines(
     DepthBaselineConfig,
     "_depth",
     {kind: {"baseline": (Literal[kind], kind)} for kind in KINDS},

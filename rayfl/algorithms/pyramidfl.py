@@ -75,7 +75,6 @@ class PyramidFLClient(FedAvgClient):
     """FedAvg's local training; the result also reports ||x_k - x_t|| over the parameters
     (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads."""
 
-
     def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
         result = super().final(task, state, num_examples, num_samples, loss)
         params = [k for k, _ in state.model.named_parameters()]

@@ -29,6 +29,8 @@ _ALGORITHMS: dict[str, Algorithm] = {}
 def register(algorithm: Algorithm) -> Algorithm:
     if algorithm.name in _ALGORITHMS:
         raise ValueError(f"algorithm {algorithm.name!r} registered twice")
+    if algorithm.vectorizable and not hasattr(algorithm.procedure, "run_vectorized"):
+        raise ValueError(f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized (FedAvgClient's)")
     _ALGORITHMS[algorithm.name] = algorithm
     return algorithm
 

@@ -30,7 +30,6 @@ class Federation:
     """The static parts of a run, built once from its config (then shipped to where it runs)."""
 
     config: RunConfig
-    algorithm: registry.Algorithm
     clients: Clients
     population: Population
     context: FederationContext
@@ -93,7 +92,7 @@ def build_federation(config: RunConfig) -> Federation:
         check_vectorizable(probe, f"model {config.model.name}")
     policy = algorithm.policy(config, context)
     evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
-    return Federation(config, algorithm, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
+    return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
 
 
 def width_memory(config: RunConfig, training_memory, rate: float) -> int:

@@ -2,7 +2,7 @@
 
 `split_layer: k` cuts after the k-th weight layer (conv or linear), keeping that layer's
 norm, activation and pooling in the bottom and any dropout or flatten before the next weight
-layer in the top. Defaults follow the issue and the public code (`models.py`; docs/papers.md,
+layer in the top. Defaults follow the paper and the public code (`models.py`; docs/papers.md,
 MergeSFL: public code, split points and models): AlexNet after its 5 convs (features 256x4x4
 at 32x32), VGG-16-BN after its 13 convs (512x5x5 at 144x144), CNN-H after its 3 convs, CNN-S
 after its 4 1-D convs.

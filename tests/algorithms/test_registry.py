@@ -73,3 +73,14 @@ def test_every_optimizer_option_is_honoured_or_refused(name):
         # Honoured: every parameter tensor the round trains comes out differently.
         same = sorted(k for k in trained if np.array_equal(changed[k], base[k]))
         assert not same, f"{key}={value} left {same} as without it"
+
+
+def test_every_algorithms_config_pickles_by_reference():
+    # Configs travel to Ray actors and Tune trials: each config class must be found by its module
+    # and name (the baselines' classes are made by a factory), so a trial gets the same class back.
+    import pickle
+
+    for name in ALGORITHMS:
+        cfg = load_config(None, [f"algorithm.name={name}"])
+        back = pickle.loads(pickle.dumps(cfg))
+        assert back == cfg and type(back.algorithm) is registry.config_class(name), name

@@ -196,9 +196,7 @@ def finetune_batch_sizes(
     added time (`_repair`), so the constraint holds whenever integers in [1, D] can meet it.
     Batch sizes already within eps are returned unchanged.
     """
-    from scipy.optimize import (
-        minimize,  # imported here: every process loads the algorithms, few run Eq. 14
-    )
+    from scipy.optimize import minimize  # imported here: every process loads the algorithms, few run Eq. 14
 
     V, d0 = np.asarray(V, float), np.asarray(d, float)
     w = np.asarray(per_sample, float) / len(d0)
