@@ -80,14 +80,21 @@ class ServerPolicy:
         which do; `select` keeps the available clients it allows)."""
         return None
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Uniform sampling without replacement among the available, eligible clients, a pure
-        function of (seed, round, available). It draws positions in `available` (a range when
-        everyone is online and eligible), never copying it unless some client is not eligible."""
+    def candidates(self, round: Round, available: Sequence[ClientId]) -> Sequence[ClientId]:
+        """The available clients that are `eligible` in `round`: what `select` draws from (a
+        policy that selects its own way draws from these too). `available` itself, never
+        copied, when every client is eligible."""
         mask = self.eligible(round)
-        if mask is not None and not mask.all():
-            available = np.asarray(available)
-            available = available[mask[available]]
+        if mask is None or mask.all():
+            return available
+        available = np.asarray(available)
+        return available[mask[available]]
+
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        """Uniform sampling without replacement among the `candidates`, a pure function of
+        (seed, round, available). It draws positions (in a range when everyone is online and
+        eligible), never copying them."""
+        available = self.candidates(round, available)
         g = rng.generator(self.context.seed, "select", round)
         k = min(self.config.federation.clients_per_round, len(available))
         return sorted(int(available[i]) for i in g.choice(len(available), size=k, replace=False))

@@ -46,6 +46,7 @@ class PyramidFLPolicy(FedAvgPolicy):
         return client_time(self.context.device_state(client, round), flops, model_bytes, model_bytes).total_s
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+        available = self.candidates(round, available)
         k = min(self.config.federation.clients_per_round, len(available))
         m = min(len(available), math.ceil(self.config.algorithm.oversample * k))
         reward = {c: float(state.clients[c]["reward"]) for c in available}

@@ -204,12 +204,9 @@ class SplitPolicy(ServerPolicy):
         if config.federation.local_epochs != 1:
             raise ConfigError(f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not epochs; leave it at 1")
 
-    def workers(self, available: Sequence[ClientId]) -> list[ClientId]:
-        """The available workers with samples to train (an exchange needs every session's batches)."""
-        return [c for c in available if self.context.num_examples[c] > 0]
-
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        return super().select(state, round, self.workers(available))
+    def eligible(self, round: Round) -> np.ndarray:
+        """The workers with samples to train (an exchange needs every session's batches)."""
+        return self.context.num_examples > 0
 
     def bottom(self, weights: Weights) -> dict[str, np.ndarray]:
         """The bottom model's part of the global weights (what a worker receives)."""

@@ -126,7 +126,7 @@ class MergeSFLPolicy(SFLPolicy):
         cfg = self.config.algorithm
         if not cfg.kl_aware:
             return super().select(state, round, available)
-        avail = np.asarray(sorted(self.workers(available)))
+        avail = np.asarray(sorted(self.candidates(round, available)))
         d = self.batch_sizes(state)[avail]
         _, _, K = self.estimates(state)
         g = rng.generator(self.context.seed, "mergesfl-ga", round)
