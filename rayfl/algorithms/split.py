@@ -26,7 +26,7 @@ from ..devices.cost import measure, nbytes
 from ..models import build_model, families, to_numpy, to_torch
 from ..models.layers import SplitConfig, split
 from ..optim import OptimizerSpec
-from ..types import ClientId, Round, Weights
+from ..types import Round, Weights
 from . import aggregate
 from .base import ClientProcedure, ServerPolicy
 from .exchange import ClientSession, Relay, RoundDriver

@@ -122,7 +122,7 @@ class ClientRunner:
                 return [self.procedure.run(task, datas[task.client_id], self.context)]
         except Exception as exc:  # a client's failure is data, never the run's end
             reason = str(exc) if isinstance(exc, ClientDiverged) else f"{type(exc).__name__}: {exc}"
-            spent = self.context.samples_drawn if len(live) == 1 and self.vectorize <= 1 else 0
+            spent = self.context.samples_drawn if self.vectorize <= 1 else 0  # a batched call's failure: none counted
             return skipped + [ClientFailure.of(t, reason, num_samples=spent) for t in live]
 
     def open_session(self, task: ClientTask) -> ClientSession:
