@@ -26,7 +26,7 @@ from rayfl.algorithms.base import ServerPolicy
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
-from rayfl.engine.host import GroupOutcome, failed_all, settle_all
+from rayfl.engine.host import GroupOutcome, exchange_failed, failed_all, settle_all
 from rayfl.engine.round import Pace
 
 
@@ -134,10 +134,10 @@ class RayExecutor:
             self.down -= {id(a) for a, _ in homes}
             return results
         except RayTaskError as exc:
-            return failed_all(tasks, f"exchange failed: {type(exc.cause).__name__}: {exc.cause}")
+            return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
         except RayActorError as exc:
             self.down |= {id(a) for a, _ in homes if a._actor_id.hex() == exc.actor_id}
-            return failed_all(tasks, f"exchange failed: a client actor died ({type(exc).__name__})")
+            return exchange_failed(tasks, f"a client actor died ({type(exc).__name__})")
 
 
 class ActorRelay:

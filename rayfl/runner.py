@@ -15,7 +15,7 @@ from .algorithms.exchange import LocalRelay, RoundDriver, SessionFailed, client_
 from .algorithms.messages import ClientFailure, ClientResult, ClientTask
 from .config import RunConfig
 from .engine import ClientRunner, Federation, GroupOutcome, Pace, Progress, new_run_dir, prepare, run_federation, run_group, torch_threads
-from .engine.host import failed_all
+from .engine.host import exchange_failed
 
 
 class InProcessExecutor:
@@ -46,7 +46,7 @@ class InProcessExecutor:
             driver.drive(LocalRelay(sessions))
             return [client_side(s.close) for s in sessions]
         except SessionFailed as exc:
-            return failed_all(tasks, f"exchange failed: {exc}")
+            return exchange_failed(tasks, str(exc))
 
 
 def run_local(

@@ -5,12 +5,12 @@ hosts (`actors/`) host it side by side; it never imports either (`docs/design.md
 """
 
 from .federation import Federation, build_federation
-from .host import ClientRunner, GroupOutcome, run_group, settle, torch_threads
+from .host import ClientRunner, GroupOutcome, run_group, torch_threads
 from .loop import Progress, Start, new_run_dir, prepare, run_federation
-from .round import Executor, Pace, RoundOutcome, run_round
+from .round import Executor, Pace, run_round
 from .scheduler import Scheduler, Synchronous
 
 __all__ = [
-    "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "RoundOutcome", "Scheduler", "Start", "Synchronous",
-    "build_federation", "new_run_dir", "prepare", "run_federation", "run_group", "run_round", "settle", "torch_threads",
+    "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "Scheduler", "Start", "Synchronous",
+    "build_federation", "new_run_dir", "prepare", "run_federation", "run_group", "run_round", "torch_threads",
 ]

@@ -8,6 +8,7 @@ and training memory (`FederationContext`), the policy, the procedure and the eva
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ def build_federation(config: RunConfig) -> Federation:
     return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
 
 
-def width_memory(config: RunConfig, training_memory, rate: float) -> int:
+def width_memory(config: RunConfig, training_memory: Callable[[ModelConfig], int], rate: float) -> int:
     """A `memory_width` budget: the training memory of the run's model at width `rate`. The
     width is set without validation, so rates above 1 measure a wider network than any config allows."""
     if not hasattr(config.model, "rate"):

@@ -188,3 +188,8 @@ def run_group(runner: ClientRunner, policy: ServerPolicy, tasks: Sequence[Client
 def failed_all(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:
     """Every task of a call that failed as a whole (an actor that died, an exchange that broke off)."""
     return [ClientFailure.of(t, reason) for t in tasks]
+
+
+def exchange_failed(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:
+    """Every session of a server-in-the-loop round that broke off: no client's update counts."""
+    return failed_all(tasks, f"exchange failed: {reason}")
