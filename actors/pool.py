@@ -92,6 +92,7 @@ class RayExecutor:
         self.policy = policy
         self.max_attempts = max_attempts
         self.down: set[int] = set()  # ids of the actors whose last call died (restarting, or gone)
+        self.turn = 0  # where the next submission starts among the actors
 
     def alive(self) -> int:
         """Client actors in the pool whose last call did not die."""
@@ -111,6 +112,7 @@ class RayExecutor:
         clients fail) and returns every group's outcome in group order."""
         work = _Dispatch(self, groups, pace)
         work.feed()
+        self.turn += len(groups)  # submissions overlap (asynchronous federations): spread them
         return work.gather
 
     def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
@@ -178,6 +180,7 @@ class _Dispatch:
         self.refs = executor.put_weights([t for g in groups for t in g])
         self.pending = deque(enumerate(groups))
         self.idle = deque(executor.actors)
+        self.idle.rotate(-executor.turn)
         self.attempts: dict[int, int] = {}
         self.strikes: dict[int, int] = {}  # consecutive failed calls per actor
         self.inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, int | None, float]] = {}

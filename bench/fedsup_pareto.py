@@ -42,7 +42,7 @@ def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
         cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"personalize_epochs": 5})})
     with torch_threads():
         fed = build_federation(cfg)
-        state, _ = checkpoint.latest(run_dir)
+        state = checkpoint.latest(run_dir).state
         policy, ev = fed.policy, fed.evaluator
         g = rng.generator(0, "pareto")
         out: dict[str, list[float]] = {"flops": [], "initial": [], "personal": []}

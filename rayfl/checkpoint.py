@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -81,12 +82,22 @@ def _dataclass(name: str) -> type:
     return obj
 
 
-def save(run_dir: str | Path, state: ServerState, virtual_time_s: float) -> Path:
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint as read back: the server state, the virtual clock, and what the run's
+    scheduler keeps besides (the clients still in flight of a deadline or asynchronous run), or None."""
+
+    state: ServerState
+    virtual_time_s: float
+    pending: Any = None
+
+
+def save(run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"round_{state.round:05d}.pt"
     tmp = path.with_suffix(".tmp")
-    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s)}, tmp)
+    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending")}, tmp)
     tmp.replace(path)  # never leave a half-written checkpoint under the final name
     return path
 
@@ -100,8 +111,8 @@ def exists(run_dir: str | Path) -> bool:
     return bool(_paths(run_dir))
 
 
-def latest(run_dir: str | Path) -> tuple[ServerState, float]:
-    """The newest intact checkpoint of a run: (server state, virtual time). An unreadable newer
+def latest(run_dir: str | Path) -> Saved:
+    """The newest intact checkpoint of a run. An unreadable newer
     one (a truncated file, say) is passed over, with a warning naming it; `ConfigError` names
     the folder when there is none, or the newest file when none can be read."""
     paths = _paths(run_dir)
@@ -111,11 +122,11 @@ def latest(run_dir: str | Path) -> tuple[ServerState, float]:
     for path in reversed(paths):
         try:
             data = torch.load(path, weights_only=True)
-            state, virtual_time = decode(data["state"]), float(data["virtual_time_s"])
+            saved = Saved(decode(data["state"]), float(data["virtual_time_s"]), decode(data.get("pending")))
         except Exception as exc:  # a broken file fails in the zip reader, the unpickler or decode
             broken.append(f"{path} ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]})")
             continue
         if broken:
             log.warning(f"{' and '.join(broken)} unreadable: resuming from {path}")
-        return state, virtual_time
+        return saved
     raise ConfigError(f"--resume {run_dir}: no readable checkpoint ({paths[-1]} and {len(paths) - 1} older are corrupt)")

@@ -8,6 +8,7 @@ their family or algorithm registers.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
@@ -177,8 +178,44 @@ LrSchedule = Annotated[
 ]
 
 
+class StalenessConfig(Strict):
+    """s(t - tau): the weight of an update t - tau model versions old (Xie, Koyejo, Gupta 2019,
+    "Asynchronous Federated Optimization", Sec. 5.2): constant 1; polynomial (t - tau + 1)^-a
+    (a = 0.5 is FedBuff's 1 / sqrt(1 + staleness)); hinge 1 up to b, then 1 / (a (t - tau - b) + 1)."""
+
+    kind: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: float = Field(0.5, gt=0, allow_inf_nan=False, description="the decay a (polynomial, hinge)")
+    b: float = Field(4.0, ge=0, allow_inf_nan=False, description="the versions a hinge keeps at weight 1")
+
+
+class DeadlineConfig(Strict):
+    """`federation.mode: deadline` (Bonawitz et al. 2019, "Towards Federated Learning at Scale",
+    Sec. 2.2): select ceil(K (1 + over_selection)) clients, close the round at the K-th update or
+    at the deadline, whichever comes first."""
+
+    target_clients: int | None = Field(None, ge=1, description="K: the updates that close a round (None: federation.clients_per_round)")
+    over_selection: float = Field(0.3, ge=0, allow_inf_nan=False, description="select this fraction more than K")
+    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="virtual seconds after its start a round closes at the latest (None: no deadline)")
+    late: Literal["drop", "carry"] = Field("drop", description="a late update: dropped, or carried into the round it arrives in, weighted by its staleness")
+
+
+class AsyncConfig(Strict):
+    """`federation.mode: async`: `concurrency` clients always in flight, each replaced the moment
+    it reports; the server steps by FedAsync's rule (Xie et al. 2019) or FedBuff's (Nguyen et
+    al., AISTATS 2022)."""
+
+    rule: Literal["fedasync", "fedbuff"] = Field("fedbuff", description="fedasync: mix every update in; fedbuff: a server step per buffer_size updates")
+    concurrency: int | None = Field(None, ge=1, description="clients in flight (None: federation.clients_per_round)")
+    buffer_size: int = Field(5, ge=1, description="FedBuff's K: updates per server step (at most concurrency)")
+    mixing: float = Field(0.6, gt=0, le=1, description="FedAsync's alpha: x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau)")
+
+
 class FederationConfig(Strict):
-    rounds: int = Field(30, ge=1)
+    mode: Literal["sync", "deadline", "async"] = Field("sync", description="sync: every round waits for its slowest client; deadline: over-select, close at K updates or the deadline; async: FedAsync / FedBuff")
+    deadline: DeadlineConfig = DeadlineConfig()
+    asynchronous: AsyncConfig = Field(AsyncConfig(), alias="async")
+    staleness: StalenessConfig = Field(StalenessConfig(), description="how a stale update is weighted (async, and deadline with late: carry)")
+    rounds: int = Field(30, ge=1, description="rounds; under mode async, server steps (model versions)")
     clients_per_round: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(10, ge=1)
@@ -197,6 +234,30 @@ class FederationConfig(Strict):
     personalize_lr: float | None = Field(None, gt=0, description="the head fine-tuning rate (None: lr)")
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
+
+    @model_validator(mode="after")
+    def _buffer_fits(self) -> "FederationConfig":
+        if self.mode == "async" and self.asynchronous.rule == "fedbuff" and self.asynchronous.buffer_size > self.concurrency:
+            raise ValueError(f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, federation.async.concurrency ({self.concurrency}): the buffer would never fill")
+        return self
+
+    @property
+    def target_clients(self) -> int:
+        """Deadline mode's K (default `clients_per_round`)."""
+        return self.deadline.target_clients or self.clients_per_round
+
+    @property
+    def selected_clients(self) -> int:
+        """The clients a round selects: `clients_per_round`, or under `mode: deadline`
+        ceil(K (1 + over_selection))."""
+        if self.mode != "deadline":
+            return self.clients_per_round
+        return math.ceil(self.target_clients * (1 + self.deadline.over_selection) - 1e-9)
+
+    @property
+    def concurrency(self) -> int:
+        """Async mode's clients in flight (default `clients_per_round`)."""
+        return self.asynchronous.concurrency or self.clients_per_round
 
     @field_validator("momentum")
     @classmethod
@@ -263,11 +324,15 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _round_fits_population(self) -> "RunConfig":
-        if self.federation.clients_per_round > self.data.num_clients:
-            raise ValueError(
-                f"federation.clients_per_round ({self.federation.clients_per_round}) exceeds "
-                f"data.num_clients ({self.data.num_clients})"
-            )
+        fed, n = self.federation, self.data.num_clients
+        if fed.clients_per_round > n:
+            raise ValueError(f"federation.clients_per_round ({fed.clients_per_round}) exceeds data.num_clients ({n})")
+        if fed.mode == "deadline" and fed.selected_clients > n:
+            raise ValueError(f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} selects {fed.selected_clients} clients; data.num_clients is {n}")
+        if fed.mode == "async" and fed.concurrency > n:
+            raise ValueError(f"federation.async.concurrency ({fed.concurrency}) exceeds data.num_clients ({n})")
+        if fed.mode != "sync" and self.clock == "emulate":
+            raise ValueError(f"clock: emulate paces synchronous rounds only; federation.mode {fed.mode} runs on the virtual clock")
         return self
 
 
@@ -305,8 +370,10 @@ def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -
             if msg not in messages:
                 messages.append(msg)
     where = ".".join([*prefix, *loc])
-    if not where and first["type"] == "value_error":  # a whole-config check names its keys itself
-        return first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error":  # a check of a whole config or section names its keys itself
+        msg = first["msg"].removeprefix("Value error, ")
+        if not where or msg.startswith(f"{where}."):
+            return msg
     return f"{where or '<config>'}: {' or '.join(messages)}"
 
 
@@ -354,7 +421,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
     """The resolved config as plain YAML-safe data."""
-    return config.model_dump(mode="json")
+    return config.model_dump(mode="json", by_alias=True)
 
 
 def dump_config(config: RunConfig, path: str | Path) -> None:

@@ -91,6 +91,7 @@ def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
         config = RunConfig.model_validate(parsed)
     except ValidationError as exc:
         raise ConfigError(format_error(exc, raw)) from None
+    algorithms.check_mode(config.algorithm.name, config.federation.mode)
     algorithms.get(config.algorithm.name).policy.check_config(config)  # options it cannot honour
     return config
 

@@ -23,7 +23,8 @@ def test_round_trip_keeps_weights_optimizer_and_client_state(tmp_path):
     path = checkpoint.save(tmp_path, state, virtual_time_s=12.5)
     assert path.name == "round_00004.pt"
     torch.load(path, weights_only=True)  # plain data: loads without unpickling code
-    back, vt = checkpoint.latest(tmp_path)
+    saved = checkpoint.latest(tmp_path)
+    back, vt = saved.state, saved.virtual_time_s
     assert vt == 12.5 and back.round == 4
     assert all(np.array_equal(back.weights[k], weights[k]) for k in weights)
     assert back.opt_state.kind == "adam" and back.opt_state.t == 1
@@ -51,7 +52,8 @@ def test_a_nested_server_state_round_trips_exactly(tmp_path):
     clients = {c: {"reward": float(g.random()), "seen": [c, "x", None], "k": np.int64(c)} for c in (0, 5, 17)}
     state = ServerState(round=7, weights={"w": np.ones(3, np.float32)}, opt_state=Groups(tuple(groups), "per-group"), clients=clients)
     checkpoint.save(tmp_path, state, virtual_time_s=3.25)
-    back, vt = checkpoint.latest(tmp_path)
+    saved = checkpoint.latest(tmp_path)
+    back, vt = saved.state, saved.virtual_time_s
     assert vt == 3.25 and back.round == 7 and isinstance(back.opt_state, Groups) and back.opt_state.tag == "per-group"
     for a, b in zip(back.opt_state.adam, groups):
         assert (a.kind, a.eta, a.t) == (b.kind, b.eta, b.t) and a.t > 0

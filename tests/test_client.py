@@ -81,7 +81,7 @@ def test_a_two_stage_run_moves_only_its_stage(two_stage, tmp_path):
     from rayfl.engine import build_federation
 
     init = build_federation(two_stage).initial_weights()
-    final = latest(tmp_path)[0].weights
+    final = latest(tmp_path).state.weights
     middle = [k for k in init if k.startswith("5.")]  # Flatten, [Linear, Scaler, norm, ReLU] x 2, Linear
     assert middle and all(np.array_equal(init[k], final[k]) for k in middle)
     assert not np.array_equal(init["1.weight"], final["1.weight"]) and not np.array_equal(init["9.weight"], final["9.weight"])

@@ -7,7 +7,7 @@ in float64 in the order given (the engine passes client-id order), then cast bac
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -177,4 +177,33 @@ def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray]) -> di
         acc, cnt = total[name], total[name + COUNT]
         mean = np.divide(acc, cnt, out=np.zeros_like(acc), where=cnt > 0)
         out[name] = _cast(np.where(cnt > 0, mean, old), old)
+    return out
+
+
+def rebase(current: Weights, start: Weights, update: Weights, scale: float, names: Collection[str]) -> dict[str, np.ndarray]:
+    """An update trained from `start`, moved onto the model the server holds now: for each of
+    its tensors in `names` (the parameters), the `current` block of its shape (`prefix`: a
+    HeteroFL sub-model's block) plus `scale` (update - start), in float64, cast to the update's
+    dtype (FedBuff's staleness-scaled delta, Nguyen et al. 2022 Alg. 1, applied at the current
+    model). Other tensors (batch-norm statistics: a running variance moved by a delta can turn
+    negative) keep the update's own values."""
+    out = dict(update)
+    for name, new in update.items():
+        if name not in names:
+            continue
+        new = np.asarray(new)
+        block = np.asarray(current[name])[prefix(new.shape)]
+        delta = new.astype(np.float64) - np.asarray(start[name], np.float64)
+        out[name] = _cast(block.astype(np.float64) + scale * delta, new)
+    return out
+
+
+def mix(current: Weights, update: Weights, alpha: float) -> dict[str, np.ndarray]:
+    """FedAsync's mixing (Xie et al. 2019, Alg. 1): (1 - alpha) x_{t-1} + alpha x_new for each of
+    the update's tensors, x_{t-1} the `current` block of its shape, in float64, cast back."""
+    out = {}
+    for name, new in update.items():
+        new = np.asarray(new)
+        block = np.asarray(current[name])[prefix(new.shape)].astype(np.float64)
+        out[name] = _cast((1.0 - alpha) * block + alpha * new.astype(np.float64), new)
     return out

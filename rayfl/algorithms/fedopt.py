@@ -44,4 +44,4 @@ class FedAdagradConfig(FedOptConfig):
 
 
 for _cfg, _title in ((FedOptConfig, "FedAdam"), (FedYogiConfig, "FedYogi"), (FedAdagradConfig, "FedAdagrad")):
-    register(Algorithm(_cfg.model_fields["name"].default, f"{_title} (Reddi et al. 2021): adaptive server optimizer", _cfg, FedOptPolicy, FedAvgClient, vectorizable=True))
+    register(Algorithm(_cfg.model_fields["name"].default, f"{_title} (Reddi et al. 2021): adaptive server optimizer", _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None))

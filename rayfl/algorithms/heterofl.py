@@ -330,7 +330,7 @@ def model_classes(model: nn.Module) -> int:
     return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
 
 
-HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True))
+HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None))
 
 
 # Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
@@ -352,4 +352,5 @@ register_baselines(
     HeteroFLPolicy,
     HeteroFLClient,
     vectorizable=True,
+    sync_only=None,
 )

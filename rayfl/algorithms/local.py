@@ -39,6 +39,12 @@ def epoch_batches(num_examples: int, batch_size: int, g: np.random.Generator) ->
     return out
 
 
+def epoch_samples(num_examples: int, batch_size: int) -> int:
+    """The samples in one epoch of `epoch_batches`: all but a dropped trailing single sample."""
+    dropped = num_examples > batch_size and (num_examples - 1) % batch_size == 0
+    return num_examples - dropped
+
+
 @dataclass(frozen=True)
 class ClientData:
     """One client's training samples, on the device the task runs on."""

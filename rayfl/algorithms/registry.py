@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..config import AlgorithmConfig
+from ..config import AlgorithmConfig, ConfigError
 from .base import ClientProcedure, ServerPolicy
+
+
+SYNC_ONLY = "its aggregation waits for every selected client, and rayfl has no rule for its stale or missing updates"
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,10 @@ class Algorithm:
     vectorizable: bool = False
     """Opt-in: the procedure trains `ray.vectorize` clients of one variant in one batched call
     (`run_vectorized`, `vectorize.train_vectorized` over the procedure's own loss)."""
+    sync_only: str | None = SYNC_ONLY
+    """Why the algorithm runs in synchronous rounds only (`federation.mode: sync`), or None when
+    it runs in every mode: its policy aggregates updates rebased onto the current model
+    (`rayfl.algorithms.staleness`), each a leading block of the global tensors."""
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -47,3 +54,10 @@ def get(name: str) -> Algorithm:
 
 def config_class(name: str) -> type[AlgorithmConfig]:
     return get(name).config_class
+
+
+def check_mode(name: str, mode: str) -> None:
+    """`ConfigError` naming `federation.mode` when the algorithm cannot run in `mode`."""
+    reason = get(name).sync_only
+    if mode != "sync" and reason:
+        raise ConfigError(f"federation.mode: {name} runs in synchronous rounds only, not {mode}: {reason}")

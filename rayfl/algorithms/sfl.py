@@ -25,6 +25,7 @@ from .registry import Algorithm, register
 from .split import SplitClient, SplitPolicy, SplitTask
 
 SPLIT_MODELS = {"digits": "cnn2", "mnist": "cnn2", "fashion_mnist": "cnn2", "mnist1d": "cnn1d", "cifar10": "alexnet", "cifar100": "alexnet"}
+SPLIT_SYNC = "split learning trains its workers together with the server's top model at every iteration"
 """The split-capable model a split algorithm takes on each dataset when the config names none."""
 
 
@@ -48,4 +49,4 @@ class SFLPolicy(SplitPolicy):
         return state.replace(round=round, weights=aggregate.merge(state.weights, bottoms))
 
 
-SFL = register(Algorithm("sfl", "Typical split FL (SplitFed style): bottom models on workers, top on the server", SFLConfig, SFLPolicy, SplitClient, SPLIT_MODELS))
+SFL = register(Algorithm("sfl", "Typical split FL (SplitFed style): bottom models on workers, top on the server", SFLConfig, SFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))

@@ -8,9 +8,9 @@ from .federation import Federation, build_federation
 from .host import ClientRunner, GroupOutcome, run_group, torch_threads
 from .loop import Progress, Start, new_run_dir, prepare, run_federation
 from .round import Executor, Pace, run_round
-from .scheduler import Scheduler, Synchronous
+from .scheduler import SCHEDULERS, Scheduler, Synchronous
 
 __all__ = [
-    "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "Scheduler", "Start", "Synchronous",
+    "SCHEDULERS", "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "Scheduler", "Start", "Synchronous",
     "build_federation", "new_run_dir", "prepare", "run_federation", "run_group", "run_round", "torch_threads",
 ]

@@ -166,13 +166,21 @@ def settle(policy: ServerPolicy, task: ClientTask, out: ClientResult | ClientFai
     return Settled(out, "rejected" if reason else "ok", reason or "", policy.client_cost(task, out))
 
 
+def sums_where_run(policy: ServerPolicy) -> bool:
+    """Whether a group's accepted updates are added up where they ran: for a policy whose
+    aggregate is a sum, in synchronous rounds. Deadline and asynchronous federations choose
+    which updates count by their arrival on the virtual clock, so every update comes back whole."""
+    return policy.sums and policy.config.federation.mode == "sync"
+
+
 def settle_all(policy: ServerPolicy, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure]) -> GroupOutcome:
-    """Settle each task's outcome; for a policy whose aggregate is a sum, add the accepted
-    clients' summands in task order and drop their weights (no summand is held)."""
+    """Settle each task's outcome; where the accepted clients' summands are added up where they
+    ran (`sums_where_run`), add them in task order and drop their weights (no summand is held)."""
     settled, total = [], {}
+    summed = sums_where_run(policy)
     for task, out in zip(tasks, outcomes):
         record = settle(policy, task, out)
-        if policy.sums and record.status == "ok":
+        if summed and record.status == "ok":
             total = accumulate(total, policy.summand(out))
             record = Settled(out.replace(weights={}), record.status, record.reason, record.cost)
         settled.append(record)

@@ -22,7 +22,7 @@ from ..config import ConfigError, RunConfig, dump_config
 from ..metrics import Recorder, TensorBoard
 from .federation import Federation, build_federation
 from .round import Executor, RoundOutcome, evaluate
-from .scheduler import Scheduler, Synchronous
+from .scheduler import SCHEDULERS
 
 Progress = Callable[[Mapping[str, Any]], None]
 
@@ -60,6 +60,8 @@ class Start:
     state: ServerState
     virtual_time_s: float
     recorder: Recorder
+    pending: Any = None
+    """A resumed deadline or asynchronous run's clients in flight at its checkpoint (`checkpoint.Saved.pending`)."""
 
 
 def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tuple[Federation, Start]:
@@ -69,16 +71,14 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
     fed = build_federation(config)
     check_writable(run_dir)
     if resume:
-        state, virtual_time = checkpoint.latest(run_dir)
-        return fed, Start(state, virtual_time, Recorder.reopen(run_dir, state.round))
+        saved = checkpoint.latest(run_dir)
+        return fed, Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending)
     return fed, Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
 
 
-def run_federation(
-    fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None, scheduler: Scheduler | None = None
-) -> dict[str, Any]:
-    """All rounds of one federation from `start` as `scheduler` (default `Synchronous`) settles
-    them; writes RUN_DIR as it goes and returns the summary. Each round is evaluated, recorded,
+def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None) -> dict[str, Any]:
+    """All rounds of one federation from `start` as the scheduler of its `federation.mode`
+    settles them; writes RUN_DIR as it goes and returns the summary. Each round is evaluated, recorded,
     checkpointed and reported while the scheduler's next clients train. A resumed run recomputes
     the rows after its checkpoint (identically, since every draw is keyed by round)."""
     run_dir = Path(run_dir)
@@ -96,12 +96,12 @@ def run_federation(
         if board is not None:
             board.add(row)
         if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
-            checkpoint.save(run_dir, out.state, row["virtual_time_s"])
+            checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending)
         if progress is not None:
             progress(row)
 
     try:
-        for out in (scheduler or Synchronous()).rounds(fed, executor, start.state, start.virtual_time_s):
+        for out in SCHEDULERS[fed_cfg.mode]().rounds(fed, executor, start.state, start.virtual_time_s, start.pending):
             finish(out)
     finally:
         if board is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Collection, Protocol, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..algorithms.aggregate import add_up
 from ..algorithms.exchange import RoundDriver
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, ServerState
 from ..devices import DeviceState, client_time, round_duration
-from ..types import Round
+from ..types import ClientId, Round
 from .federation import Federation
 from .host import GroupOutcome, Settled, settle_all
 
@@ -61,6 +61,8 @@ class RoundOutcome:
     state: ServerState
     row: dict[str, Any]
     clients: list[dict[str, Any]]
+    pending: Any = None
+    """What a scheduler checkpoints with the state besides it (the clients still in flight), or None."""
 
 
 def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
@@ -69,11 +71,15 @@ def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
     return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
 
-def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor) -> Dispatched:
-    """Select, configure and start the round's tasks (a server-in-the-loop round starts when
-    gathered, since its driver runs here)."""
+def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor, busy: Collection[ClientId] = ()) -> Dispatched:
+    """Select among the available clients not `busy` (still training an earlier task),
+    configure and start the round's tasks (a server-in-the-loop round starts when gathered,
+    since its driver runs here)."""
     policy, cfg = fed.policy, fed.config
-    selected = policy.select(state, rnd, fed.population.available(rnd))
+    available = fed.population.available(rnd)
+    if busy:
+        available = np.setdiff1d(np.asarray(available), np.fromiter(busy, int))
+    selected = policy.select(state, rnd, available)
     tasks = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
     driver = policy.open_driver(state, rnd, tasks)
     if driver is not None:
@@ -147,23 +153,32 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
         if any(isinstance(r.outcome, ClientResult) for r in records):  # a broken exchange keeps the server's side
             state = d.driver.finish(state)
     state = policy.aggregate(state, rnd, accepted, add_up(g.total for g in outcomes))
-    row = {
+    return RoundOutcome(state, round_row(fed, state, rnd, rows, accepted, len(d.selected), d.tasks, virtual_time_s + duration, duration, waits), rows)
+
+
+def round_row(
+    fed: Federation, state: ServerState, rnd: Round, rows: Sequence[dict[str, Any]], accepted: Sequence[ClientResult], num_selected: int,
+    tasks: Sequence[ClientTask], virtual_time_s: float, duration: float, waits: Sequence[float],
+) -> dict[str, Any]:
+    """A round's row of `metrics.parquet` before evaluation: the clock at its end, its duration,
+    bytes, client counts by status, mean waiting time and training loss, the round's rate and the
+    policy's own columns (`round_metrics`); the test metrics NaN until `evaluate`."""
+    return {
         "round": rnd,
-        "virtual_time_s": virtual_time_s + duration,
+        "virtual_time_s": virtual_time_s,
         "round_time_s": duration,
         "test_accuracy": math.nan,
         "test_loss": math.nan,
         "bytes_up": int(sum(r.get("bytes_up", 0) for r in rows)),
         "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
         "num_clients": len(accepted),
-        "num_selected": len(d.selected),
+        "num_selected": num_selected,
         **{f"num_{status}": sum(r["status"] == status for r in rows) for status in ("failed", "rejected", "skipped")},
-        "mean_wait_s": float(np.mean(waits)) if waits else 0.0,
+        "mean_wait_s": float(np.mean(waits)) if len(waits) else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
-        "lr": policy.lr(rnd),
-        **policy.round_metrics(state, rnd, d.tasks),
+        "lr": fed.policy.lr(rnd),
+        **fed.policy.round_metrics(state, rnd, tasks),
     }
-    return RoundOutcome(state, row, rows)
 
 
 def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:

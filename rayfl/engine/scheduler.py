@@ -1,25 +1,30 @@
-"""Schedulers: what happens next on the virtual clock.
+"""Schedulers: what happens next on the virtual clock, one per `federation.mode`.
 
 A scheduler turns a federation, an executor and a starting state into the sequence of settled
-rounds that the loop (`loop.run_federation`) evaluates, records and checkpoints. It decides
-which clients train when and when the server aggregates; the loop does not know. Today's one
-scheduler is the synchronous round; deadline and asynchronous federations plug in here.
+rounds (server steps) that the loop (`loop.run_federation`) evaluates, records and
+checkpoints. It decides which clients train when and when the server aggregates; the loop does
+not know. `sync`: every round waits for its slowest client (`Synchronous`); `deadline`: rounds
+close at the K-th update or a deadline (`deadline.Deadline`); `async`: FedAsync and FedBuff
+(`asynchronous.Asynchronous`). docs/time.md describes the three.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 from ..algorithms.messages import ServerState
+from .asynchronous import Asynchronous
+from .deadline import Deadline
 from .federation import Federation
 from .round import Executor, RoundOutcome, dispatch, settle_round
 
 
 class Scheduler(Protocol):
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float) -> Iterator[RoundOutcome]:
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any = None) -> Iterator[RoundOutcome]:
         """The settled (not yet evaluated) rounds after `state`, up to `federation.rounds`, each
-        with the virtual clock at its end. While the loop handles a yielded round, the
-        scheduler's next clients may already be training."""
+        with the virtual clock at its end and what to checkpoint besides the state
+        (`RoundOutcome.pending`, given back as `pending` on resume). While the loop handles a
+        yielded round, the scheduler's next clients may already be training."""
 
 
 class Synchronous:
@@ -27,7 +32,7 @@ class Synchronous:
     Round r + 1's tasks go out before round r is yielded, so the clients' hosts never wait for
     round r's evaluation."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float) -> Iterator[RoundOutcome]:
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any = None) -> Iterator[RoundOutcome]:
         done: RoundOutcome | None = None
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
             next_round = dispatch(fed, state, rnd, executor)
@@ -37,3 +42,6 @@ class Synchronous:
             state, virtual_time_s = done.state, done.row["virtual_time_s"]
         if done is not None:
             yield done
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {"sync": Synchronous, "deadline": Deadline, "async": Asynchronous}

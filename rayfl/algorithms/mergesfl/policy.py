@@ -32,7 +32,7 @@ from ...config import RunConfig
 from ...types import ClientId, Round
 from ..messages import ClientTask, FederationContext, ServerState
 from ..registry import Algorithm, register
-from ..sfl import SPLIT_MODELS, SFLConfig, SFLPolicy
+from ..sfl import SPLIT_MODELS, SPLIT_SYNC, SFLConfig, SFLPolicy
 from ..split import SplitClient, SplitTask
 from . import control
 
@@ -198,6 +198,6 @@ class AdaSFLConfig(MergeSFLConfig):
     kl_aware: bool = False
 
 
-register(Algorithm("adasfl", "AdaSFL (MergeSFL's baseline): split FL with batch regulation only", AdaSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS))
+register(Algorithm("adasfl", "AdaSFL (MergeSFL's baseline): split FL with batch regulation only", AdaSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))
 
-MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS))
+MERGESFL = register(Algorithm("mergesfl", "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))

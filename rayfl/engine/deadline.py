@@ -1,0 +1,127 @@
+"""Deadline rounds with over-selection (`federation.mode: deadline`).
+
+Bonawitz et al., "Towards Federated Learning at Scale: System Design", MLSys 2019, Sec. 2.2:
+the server selects more devices than it needs (FedScale's and Oort's `overcommitment`) and
+closes the round once enough have reported or a time limit passes. Here a round selects
+ceil(K (1 + over_selection)) clients (`federation.selected_clients`), all dispatched together
+against the current model at the round's start T, and on the virtual clock they arrive at
+T + their time. The round closes at the K-th update in arrival order (ties by client id) or at
+T + `deadline_s`, whichever comes first; without either it waits for every client. Clients
+after the close are late (status `late`, charged what they spent): their updates are dropped,
+or with `late: carry` aggregated in the round they arrive in, moved onto the model of that
+round with their staleness weight (`staleness.as_current`). A late client is busy, never
+selected, until it arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ..algorithms.messages import ClientTask, ServerState
+from .federation import Federation
+from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
+from .host import GroupOutcome, Settled
+from .round import Dispatched, Executor, RoundOutcome, client_seconds, dispatch, groups_of, round_row
+
+
+class Late:
+    """The late clients still out: flights, and for carried ones their outcome and task."""
+
+    def __init__(self, fed: Federation, executor: Executor, pending: Pending | None):
+        self.fed = fed
+        self.flights: list[Flight] = list(pending.flights) if pending else []
+        self.states: dict[int, ServerState] = dict(pending.states) if pending else {}
+        self.outcomes: dict[int, tuple[Settled, ClientTask]] = {}
+        self.gather: Callable[[], list[GroupOutcome]] | None = None
+        carried = [f for f in self.flights if f.carry]
+        if carried:  # a resumed run: train the carried clients again, as they trained before it stopped
+            self.tasks = [reconfigure(fed, f, self.states) for f in carried]
+            self.gather = executor.submit(groups_of(self.tasks, fed.config.ray.clients_per_call))
+
+    def busy(self) -> set[int]:
+        return {f.client_id for f in self.flights}
+
+    def add(self, flight: Flight, record: Settled, task: ClientTask, state: ServerState) -> None:
+        self.flights.append(flight)
+        if flight.carry:
+            self.outcomes[flight.client_id] = (record, task)
+            self.states[flight.version] = state
+
+    def arrive(self, by: float) -> list[tuple[Flight, Settled, ClientTask]]:
+        """The carried updates arriving by `by`, in arrival order; every flight arriving by
+        then leaves (a dropped one's update is thrown away)."""
+        if self.gather is not None:
+            records = [r for g in self.gather() for r in g.settled]
+            self.outcomes.update((t.client_id, (r, t)) for r, t in zip(records, self.tasks))
+            self.gather = None
+        arrived = sorted((f for f in self.flights if f.arrives_at <= by), key=lambda f: f.key)
+        self.flights = [f for f in self.flights if f.arrives_at > by]
+        out = [(f, *self.outcomes.pop(f.client_id)) for f in arrived if f.carry]
+        return out
+
+    def pending(self) -> Pending:
+        versions = {f.version for f in self.flights if f.carry}
+        self.states = {v: s for v, s in self.states.items() if v in versions}
+        return Pending(tuple(self.flights), dict(self.states))
+
+
+class Deadline:
+    """Rounds that close at the K-th update or the deadline. Round r + 1's tasks go out before
+    round r is yielded, as in synchronous rounds."""
+
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None = None) -> Iterator[RoundOutcome]:
+        late = Late(fed, executor, pending)
+        last = fed.config.federation.rounds
+        if state.round >= last:
+            return
+        d = dispatch(fed, state, state.round + 1, executor, late.busy())
+        while True:
+            out = close(fed, d, state, virtual_time_s, late)
+            state, virtual_time_s = out.state, out.row["virtual_time_s"]
+            following = dispatch(fed, state, d.round + 1, executor, late.busy()) if d.round < last else None
+            yield out
+            if following is None:
+                return
+            d = following
+
+
+def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late: Late) -> RoundOutcome:
+    """Gather the round's clients, close it at the K-th update or the deadline, aggregate the
+    updates on time and the carried ones arriving by then; record each client."""
+    cfg, rnd = fed.config.federation, d.round
+    records = [r for g in d.gather() for r in g.settled]
+    tasks = {t.client_id: t for t in d.tasks}
+    slots = {t.client_id: k for k, t in enumerate(d.tasks)}
+    arrivals = sorted(((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2])
+    limit = start + cfg.deadline.deadline_s if cfg.deadline.deadline_s is not None else float("inf")
+    on_time, missed, closed_at, updates = [], [], None, 0
+    for a, c, r in arrivals:
+        if closed_at is not None or a > limit:
+            missed.append((a, c, r))
+            continue
+        on_time.append((a, c, r))
+        updates += r.status == "ok"
+        if updates == cfg.target_clients:
+            closed_at = a
+    if closed_at is None:
+        closed_at = limit if missed else max((a for a, _, _ in on_time), default=start)
+    flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)  # noqa: E731
+    carried = late.arrive(closed_at)
+    merged = sorted([(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
+                    + [(f, r, t, state.round - f.version) for f, r, t in carried], key=lambda x: x[0].key)
+    new, accepted = merge_arrivals(fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged])
+    rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
+    for row, (a, _, _) in zip(rows, on_time):
+        if "total_s" in row:  # a skipped client cost nothing and waited for nothing
+            row["wait_s"] = closed_at - a
+    for a, c, r in missed:
+        keep = cfg.deadline.late == "carry" and r.status == "ok"
+        late.add(flight(a, c, keep), r, tasks[c], state)
+        row = flight_row(fed, tasks[c], r, flight(a, c), rnd, float("nan"))
+        if r.status == "ok":
+            row.update(status="late", reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s ({'carried' if keep else 'dropped'})")
+        rows.append(row)
+    waits = [row["wait_s"] for row in rows if "wait_s" in row]
+    extra: dict[str, Any] = {"model_version": rnd, "num_carried": len(carried), **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows))}
+    row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)
+    return RoundOutcome(new, {**row, **extra}, rows, late.pending())
