@@ -9,6 +9,7 @@ threaded actor (two threads): `run` drives the rounds while `progress` answers t
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Mapping
 
@@ -37,12 +38,14 @@ class DashboardMetrics:
         "rayfl_virtual_time_s": ("virtual clock at the end of the round, seconds", "virtual_time_s"),
         "rayfl_round_virtual_s": ("the round's duration on the virtual clock (its slowest client), seconds", "round_time_s"),
         "rayfl_mean_wait_s": ("the round's mean client waiting time on the virtual clock, seconds", "mean_wait_s"),
+        "rayfl_mean_staleness": ("mean staleness (server steps) of the updates a deadline or async step aggregated", "mean_staleness"),
+        "rayfl_max_staleness": ("largest staleness (server steps) of the updates a deadline or async step aggregated", "max_staleness"),
     }
     ROUND_WALL = ("rayfl_round_wall_s", "wall seconds between this round's row and the previous one (rounds overlap with evaluation)")
     ACTORS_ALIVE = ("rayfl_actors_alive", "client actors whose last call did not die")
     BYTES = ("rayfl_bytes", "bytes exchanged with clients since this coordinator started")
-    CLIENTS = ("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped) since this coordinator started")
-    OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped"}
+    CLIENTS = ("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped, late) since this coordinator started")
+    OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped", "late": "num_late"}
 
     def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):
         self.tags = {"run_id": run_id, "algorithm": algorithm}
@@ -55,15 +58,16 @@ class DashboardMetrics:
 
     def record(self, row: Mapping[str, Any], actors_alive: int) -> None:
         for name, (_, column) in self.GAUGES.items():
-            if row[column] == row[column]:  # not NaN: a round without evaluation keeps the last accuracy
-                self.gauges[name].set(row[column], tags=self.tags)
+            value = row.get(column, math.nan)  # staleness: deadline and async rows only
+            if value == value:  # not NaN: a round without evaluation keeps the last accuracy
+                self.gauges[name].set(value, tags=self.tags)
         self.round_wall.set(row["wall_time_s"] - self.wall_time_s, tags=self.tags)
         self.wall_time_s = row["wall_time_s"]
         self.actors_alive.set(actors_alive, tags=self.tags)
         if row["bytes_up"] + row["bytes_down"] > 0:  # Ray's counters refuse an increment of 0
             self.bytes.inc(row["bytes_up"] + row["bytes_down"], tags=self.tags)
         for status, column in self.OUTCOMES.items():
-            if row[column] > 0:
+            if row.get(column, 0) > 0:
                 self.clients.inc(row[column], tags={**self.tags, "status": status})
 
 

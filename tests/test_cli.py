@@ -89,6 +89,10 @@ BAD_INPUTS = [
     (["--resume", "corrupt"], "--resume corrupt: no readable checkpoint"),
     (["--resume", "nothing-here"], "nothing-here/config.yaml: no such file"),
     (["cfg.yaml", "--resume", "done"], "--resume done: takes the run's own config.yaml"),
+    (["--set", "federation.mode=deadline", "--set", "federation.deadline.deadline_s=-5"], "federation.deadline.deadline_s: Input should be greater than 0"),
+    (["--set", "federation.mode=async", "--set", "federation.async.buffer_size=11"], "federation.async.buffer_size (11) exceeds the clients in flight, federation.async.concurrency (10)"),
+    (["--set", "federation.mode=async", "--set", "algorithm.name=sfl"], "federation.mode: sfl runs in synchronous rounds only, not async: split learning"),
+    (["--set", "federation.mode=later"], "federation.mode: Input should be 'sync', 'deadline' or 'async'"),
 ]
 
 

@@ -34,6 +34,8 @@ SERIES = {
     "ray_rayfl_round_virtual_s",
     "ray_rayfl_round_wall_s",
     "ray_rayfl_mean_wait_s",
+    "ray_rayfl_mean_staleness",
+    "ray_rayfl_max_staleness",
     "ray_rayfl_actors_alive",
     "ray_rayfl_bytes_total",
     "ray_rayfl_clients_total",
@@ -80,7 +82,9 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_TMPDIR=str(base), RAY_metrics_report_interval_ms="1000")
+    # deadline rounds carrying late updates: the staleness series and late clients are exported too
     sets = ["data.num_clients=20", "federation.clients_per_round=4", "model.name=mlp", "federation.rounds=5000", "federation.checkpoint_every=0"]
+    sets += ["federation.mode=deadline", "federation.deadline.over_selection=0.5", "federation.deadline.late=carry"]
     sets += ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "metrics.tensorboard=false"]
     prom_log, run_log = open(tmp_path / "prometheus.log", "w"), open(tmp_path / "run.err", "w")  # files: a full pipe would block
     prom = subprocess.Popen(
@@ -136,9 +140,11 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
         assert all(d > 0 for d in values(f"ray_rayfl_round_virtual_s{{{selector}}}[1m]"))
         assert all(d > 0 for d in values(f"ray_rayfl_round_wall_s{{{selector}}}[1m]"))
         assert set(values(f"ray_rayfl_actors_alive{{{selector}}}[1m]")) == {2.0}
-        # 4 clients a round, all fine: every one counted `ok`, once per finished round.
-        ok = p.query(f'ray_rayfl_clients_total{{{selector}, status="ok"}} / ignoring(status) ray_rayfl_round{{{selector}}}')
-        assert ok and float(ok[0]["value"][1]) == pytest.approx(4, abs=0.5)
+        # 6 selected a round, closed at the 4th update: 4 fresh updates a round counted `ok`, and
+        # the carried ones; the other 2 counted `late`, once per finished round.
+        per_round = lambda status: float(p.query(f'ray_rayfl_clients_total{{{selector}, status="{status}"}} / ignoring(status) ray_rayfl_round{{{selector}}}')[0]["value"][1])  # noqa: E731
+        assert 4 - 0.5 <= per_round("ok") <= 6 + 0.5 and per_round("late") == pytest.approx(2, abs=0.5)
+        assert all(0 <= s for s in values(f"ray_rayfl_mean_staleness{{{selector}}}[1m]"))
     finally:
         run.send_signal(signal.SIGINT)  # what Ctrl-C does: the run stops its actors and its cluster
         try:

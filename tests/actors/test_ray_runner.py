@@ -188,3 +188,41 @@ def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_
     assert not ray_cluster.util.list_named_actors(all_namespaces=True)  # the clients went with it
     summary = api.run(load_config(run_dir / "config.yaml"), run_dir, resume=True)
     assert summary["rounds"] == 6
+
+
+TIMED = {
+    # deadline rounds over-selecting 30%, late updates carried, a deadline as well
+    "deadline": ["federation.mode=deadline", "federation.deadline.late=carry", "federation.deadline.deadline_s=8"],
+    # FedBuff: 6 in flight, a server step per 3 arrivals; FedAsync: a step per arrival
+    "fedbuff": ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
+    "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.async.concurrency=4"],
+    # HeteroFL's count aggregation over FedBuff's buffer of width sub-models
+    "heterofl-fedbuff": ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
+}
+
+
+@pytest.fixture(scope="module")
+def timed_reference(tmp_path_factory):
+    """The in-process run of each TIMED config, made once."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            cfg = load_config(None, ["model.name=mlp", "data.num_clients=30", "federation.rounds=4", *TIMED[name]])
+            run_dir = tmp_path_factory.mktemp(name)
+            run_local(cfg, run_dir)
+            done[name] = cfg, tables(run_dir)
+        return done[name]
+
+    return get
+
+
+# FedAvg's deadline rounds and FedBuff on 1, 2 and 3 actors; FedAsync and HeteroFL on 2. The
+# actors take 2 clients a call (in process 5): outside sync rounds updates come back whole.
+@pytest.mark.parametrize("name, actors, cpus", [*((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))), ("fedasync", 2, 1.0), ("heterofl-fedbuff", 2, 1.0)])
+def test_deadline_and_async_runs_on_ray_equal_in_process(ray_cluster, timed_reference, tmp_path, name, actors, cpus):
+    cfg, (metrics, clients) = timed_reference(name)
+    cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"num_actors": actors, "cpus_per_actor": cpus, "clients_per_call": 2})})
+    api.run(cfg, tmp_path)
+    for a, b in zip((metrics, clients), tables(tmp_path)):
+        pd.testing.assert_frame_equal(b, a)
