@@ -133,6 +133,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from .timeline import draw
+
+    print(draw(args.run_dir, args.out, args.rounds))
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from . import api
 
@@ -213,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--column", action="append", default=[], metavar="NAME", help="add the mean over rounds of this metrics.parquet column (e.g. kl)")
     compare.add_argument("--out", default="compare", help="folder for compare.csv, compare.md and the PNGs (default: ./compare)")
     compare.set_defaults(func=cmd_compare)
+
+    timeline = sub.add_parser("timeline", help="a run's virtual clock as a Gantt chart (and the staleness of an async run's updates)")
+    timeline.add_argument("run_dir", metavar="RUN_DIR")
+    timeline.add_argument("--rounds", metavar="A-B", help="only these rounds (server steps), e.g. 1-5 (default: all)")
+    timeline.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/timeline.png)")
+    timeline.set_defaults(func=cmd_timeline)
     return parser
 
 

@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .algorithms import registry as algorithms
-from .config import ConfigError, Loader, RunConfig, format_error, read_yaml
+from .config import ConfigError, RunConfig
+from .configfile import Loader, format_error, read_yaml
 from .data import sources
 from .models import registry as models
 

@@ -46,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    ["rayfl.types", "rayfl.rng", "rayfl.config"],
+    ["rayfl.types", "rayfl.rng", "rayfl.config", "rayfl.configfile"],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
-    ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare"],
+    ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares
     ["rayfl.algorithms.messages", "rayfl.algorithms.local", "rayfl.algorithms.aggregate", "rayfl.algorithms.server_opt",
      "rayfl.algorithms.exchange", "rayfl.algorithms.personal", "rayfl.algorithms.vectorize", "rayfl.algorithms.budget"],

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl import checkpoint
+from rayfl import checkpoint, timeline
 from rayfl.algorithms.messages import ClientResult
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
@@ -17,6 +17,7 @@ from rayfl.engine.host import GroupOutcome, Settled
 from rayfl.engine.round import Dispatched
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from rayfl.timeline import segments
 
 SMALL = ["model.name=mlp", "data.num_clients=30", "metrics.tensorboard=false"]
 
@@ -79,14 +80,14 @@ def tables(run_dir):
 
 
 @pytest.fixture(scope="module")
-def carry_run(tmp_path_factory):
+def carry_dir(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("carry")
     run_local(load_config(None, [*SMALL, "federation.rounds=6", "federation.mode=deadline", "federation.deadline.late=carry"]), run_dir)
-    return tables(run_dir)
+    return run_dir
 
 
-def test_carried_updates_join_the_round_they_arrive_in_and_their_clients_wait(carry_run):
-    metrics, clients = carry_run
+def test_carried_updates_join_the_round_they_arrive_in_and_their_clients_wait(carry_dir):
+    metrics, clients = tables(carry_dir)
     assert (metrics["num_late"] == 3).all()  # 13 selected, closed at the 10th update
     assert (metrics["num_selected"] == 13).all() and (metrics["model_version"] == metrics["round"]).all()
     assert metrics["num_carried"].iloc[1:].sum() > 0 and metrics["num_carried"].iloc[0] == 0
@@ -109,11 +110,11 @@ def async_run(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp(request.param)
     sets = [*SMALL, "federation.rounds=8", "federation.mode=async", f"federation.async.rule={request.param}", "federation.async.concurrency=6", "federation.async.buffer_size=3"]
     summary = run_local(load_config(None, sets), run_dir)
-    return request.param, summary, *tables(run_dir)
+    return request.param, summary, *tables(run_dir), run_dir
 
 
 def test_async_events_follow_the_virtual_clock(async_run):
-    rule, summary, metrics, clients = async_run
+    rule, summary, metrics, clients, _ = async_run
     k = 3 if rule == "fedbuff" else 1
     assert (clients.groupby("round").size() == k).all() and len(metrics) == 8
     # arrivals in order of time (ties by client id), each step at its last arrival
@@ -136,7 +137,7 @@ def test_async_events_follow_the_virtual_clock(async_run):
 
 
 def test_an_async_client_trains_once_per_model_version(async_run):
-    _, _, _, clients = async_run
+    _, _, _, clients, _ = async_run
     assert not clients.duplicated(["client_id", "model_version"]).any()
 
 
@@ -159,3 +160,27 @@ def test_a_resumed_timed_run_equals_an_uninterrupted_one(tmp_path, sets):
     for a, b in zip(tables(tmp_path / "straight"), tables(broken)):
         cols = [c for c in a.columns if c != "wall_time_s"]
         pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+def test_the_timeline_lays_each_task_out_on_the_clock(carry_dir, async_run, tmp_path):
+    for run_dir in (carry_dir, async_run[-1]):
+        c, metrics = segments(run_dir)
+        download = 8 * c["bytes_down"] / (c["bandwidth_mbps"] * 1e6)
+        np.testing.assert_allclose(c["end"] - c["start"], c["total_s"], rtol=1e-9)
+        np.testing.assert_allclose(c["upload_at"] - c["compute_at"], c["compute_s"], rtol=1e-9)
+        assert (c["compute_at"] - c["start"] >= download - 1e-9).all()
+        # no two tasks share a row at once (a round-based task holds its row while it waits)
+        held = np.where((timeline.mode(run_dir) != "async") & (c["status"] != "late"), np.maximum(c["end"], c["closes"]), c["end"])
+        for _, rows in c.assign(held=held).sort_values("start").groupby("slot"):
+            assert (rows["start"].to_numpy()[1:] >= rows["held"].to_numpy()[:-1] - 1e-9).all()
+        png = timeline.draw(run_dir, tmp_path / f"{run_dir.name}.png", "2-5")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    late = segments(carry_dir)[0].query("status == 'late'")
+    assert len(late) and (late["end"] > late["closes"]).all()
+
+
+def test_timeline_rounds_outside_the_run_exit_2(carry_dir, capsys):
+    from rayfl.cli import main
+
+    assert main(["timeline", str(carry_dir), "--rounds", "5-9"]) == 2
+    assert capsys.readouterr().err.strip() == "rayfl: error: --rounds 5-9: the run has rounds 1-6"

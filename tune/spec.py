@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from rayfl.config import ConfigError, RunConfig, Strict, format_error, read_yaml
+from rayfl.config import ConfigError, RunConfig, Strict
+from rayfl.configfile import format_error, read_yaml
 from rayfl.loader import apply_overrides, parse_config, set_values
 from rayfl.devices import configured_profile
 

@@ -11,7 +11,8 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from .. import rng
-from ..config import ConfigError, DevicesConfig, Strict, format_error, mix_shares, read_yaml
+from ..config import ConfigError, DevicesConfig, Strict, mix_shares
+from ..configfile import format_error, read_yaml
 
 
 class DeviceClass(Strict):

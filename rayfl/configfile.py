@@ -1,0 +1,96 @@
+"""Config files: YAML read safely, and validation errors reported as one line naming the key.
+
+`read_yaml` reads configs, device profiles and Tune files; `Loader` also parses `--set`
+values; `format_error` turns pydantic's errors into `ConfigError`'s one line (rayfl/config.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import ValidationError
+
+from .config import ConfigError
+
+
+def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
+    """The error's location as the user wrote it: tagged-union and type-branch parts dropped."""
+    out: list[str] = []
+    node = raw
+    parts = [str(p) for p in loc]
+    for i, part in enumerate(parts):
+        if isinstance(node, Mapping) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            out.append(part)
+            node = node[int(part)]
+        elif isinstance(node, Mapping) and i == len(parts) - 1:  # a missing or unknown key
+            out.append(part)
+    return out
+
+
+def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -> str:
+    """One line naming the first offending key, e.g. `federation.lr: Input should be greater than 0`."""
+    errors = err.errors()
+    first = errors[0]
+    loc = _clean_loc(first["loc"], raw)
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append(first["ctx"]["discriminator"].strip("'"))
+    messages: list[str] = []
+    for e in errors:  # the branches of a union fail together at one key: say what each wanted
+        if _clean_loc(e["loc"], raw) == _clean_loc(first["loc"], raw):
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            if msg not in messages:
+                messages.append(msg)
+    where = ".".join([*prefix, *loc])
+    if first["type"] == "value_error":  # a check of a whole config or section names its keys itself
+        msg = first["msg"].removeprefix("Value error, ")
+        if not where or msg.startswith(f"{where}."):
+            return msg
+    return f"{where or '<config>'}: {' or '.join(messages)}"
+
+
+class Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` for configs and `--set` values: a key given twice in one mapping is an
+    error (the last would win silently), and a ratio like `1:2:7` stays a string (YAML 1.1 reads
+    `1:2` as the base-60 number 62)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _digit in "0123456789":  # checked before int and float
+    Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(0, ("tag:yaml.org,2002:str", re.compile(r"^[0-9]+(?:\.[0-9]*)?(?::[0-9]+(?:\.[0-9]*)?)+$")))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping safely (no tags, no code); errors name the file, and the line and key
+    of a key given twice."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a YAML file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.load(path.read_text(), Loader=Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", "") or ""
+        raise ConfigError(f"{path}:{where} {problem if problem.startswith('duplicate key') else 'invalid YAML'}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
