@@ -12,11 +12,12 @@ from rayfl import checkpoint, timeline
 from rayfl.algorithms.messages import ClientResult
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
+from rayfl.engine.asynchronous import Queue
 from rayfl.engine.deadline import Late, close
 from rayfl.engine.host import GroupOutcome, Settled
 from rayfl.engine.round import Dispatched
 from rayfl.loader import load_config
-from rayfl.runner import run_local
+from rayfl.runner import InProcessExecutor, run_local
 from rayfl.timeline import segments
 
 SMALL = ["model.name=mlp", "data.num_clients=30", "metrics.tensorboard=false"]
@@ -24,6 +25,9 @@ SMALL = ["model.name=mlp", "data.num_clients=30", "metrics.tensorboard=false"]
 
 class HandClock:
     """Every device does 1 FLOP/s over an instant link: a client's time is its FLOPs."""
+
+    def available(self, round):
+        return range(30)
 
     def state(self, client, round):
         return DeviceState("hand", 1.0, 1e300, 0.0, True)
@@ -136,9 +140,30 @@ def test_async_events_follow_the_virtual_clock(async_run):
     assert summary["rounds"] == 8 and 0 < summary["final_test_accuracy"] <= 1
 
 
-def test_an_async_client_trains_once_per_model_version(async_run):
-    _, _, _, clients, _ = async_run
-    assert not clients.duplicated(["client_id", "model_version"]).any()
+def test_an_async_client_trains_once_per_model_version(tmp_path):
+    # 6 clients, all in flight: the one that just arrived is the only one free, and it waits
+    # for the next version instead of training on the same model again
+    sets = ["model.name=mlp", "data.num_clients=6", "data.partition.kind=iid", "federation.clients_per_round=6", "metrics.tensorboard=false"]
+    run_local(load_config(None, [*sets, "federation.rounds=6", "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"]), tmp_path)
+    _, clients = tables(tmp_path)
+    assert len(clients) == 18 and not clients.duplicated(["client_id", "model_version"]).any()
+
+
+class Instant(HandClock):
+    """Devices that take no time at all: every task arrives the moment it leaves."""
+
+    def state(self, client, round):
+        return DeviceState("instant", float("inf"), float("inf"), 0.0, True)
+
+
+def test_async_arrivals_at_one_instant_go_in_client_id_order():
+    cfg = load_config(None, [*SMALL, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"])
+    fed = dataclasses.replace(build_federation(cfg), population=Instant())
+    queue = Queue(fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None)
+    first = queue.advance()
+    out = sorted(f.client_id for *_, f in queue.heap) + [f.client_id for f in first]
+    assert {f.arrives_at for f in first} == {0.0}
+    assert [f.client_id for f in first] == sorted(out)[:3]
 
 
 @pytest.mark.parametrize(
