@@ -1,7 +1,8 @@
 """`rayfl compare RUN_DIR...`: runs side by side, as a table and as accuracy curves.
 
 Runs whose configs differ only in `seed` (and in keys that do not change what a run computes:
-`ray.*`, `metrics.*`, where checkpoints go and the reported target) are seeds of one config:
+`ray.*`, `metrics.*`, where checkpoints go, the reported target, and the settings of a
+`federation.mode` the run does not use) are seeds of one config:
 the table gives their mean and sample standard deviation, the plots their mean with the band
 between the lowest and highest seed. A config is named by its algorithm and the keys in which it
 differs from the other configs compared.
@@ -37,6 +38,19 @@ FIGURES = {  # column -> (heading, format); mean (and spread) over the seeds of 
 }
 
 
+def unused(key: str, config: dict[str, Any]) -> bool:
+    """Whether `key` is a setting of a `federation.mode` the run does not use (a synchronous
+    run's `federation.async.*`, say): it changes nothing the run computes."""
+    mode = config.get("federation.mode", "sync")
+    if key.startswith("federation.deadline."):
+        return mode != "deadline"
+    if key.startswith("federation.async."):
+        return mode != "async"
+    if key.startswith("federation.staleness."):
+        return not (mode == "async" or (mode == "deadline" and config.get("federation.deadline.late") == "carry"))
+    return False
+
+
 @dataclass(frozen=True)
 class Run:
     path: Path
@@ -53,7 +67,8 @@ class Run:
             raise ConfigError(f"{path}: no config.yaml (not a rayfl run directory?)")
         flat = pd.json_normalize(yaml.safe_load(config_file.read_text()) or {}, sep=".").iloc[0].to_dict()
         target = flat.get("federation.target_accuracy")
-        return cls(path, {k: v for k, v in flat.items() if not k.startswith(NOT_COMPARED)}, None if pd.isna(target) else float(target), metrics)
+        compared = {k: v for k, v in flat.items() if not k.startswith(NOT_COMPARED) and not unused(k, flat)}
+        return cls(path, compared, None if pd.isna(target) else float(target), metrics)
 
     @property
     def key(self) -> tuple:

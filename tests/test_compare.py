@@ -132,3 +132,15 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(runs, tmp_path, capsys
     assert main(["compare", *args, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_settings_of_a_mode_a_run_does_not_use_leave_it_a_seed_of_its_config(tmp_path):
+    # a sync run with FedAsync's mixing set computes what the default sync run does; a FedBuff
+    # run with another buffer does not
+    a = fake_run(tmp_path / "a", {"seed": 0}, [0.5, 0.6, 0.7], [1.0, 2.0, 3.0])
+    b = fake_run(tmp_path / "b", {"seed": 1, "federation": {"async": {"mixing": 0.9}}}, [0.5, 0.6, 0.7], [1.0, 2.0, 3.0])
+    c = fake_run(tmp_path / "c", {"federation": {"mode": "async", "async": {"buffer_size": 3}}}, [0.5, 0.6, 0.7], [1.0, 2.0, 3.0])
+    d = fake_run(tmp_path / "d", {"federation": {"mode": "async", "async": {"buffer_size": 4}}}, [0.5, 0.6, 0.7], [1.0, 2.0, 3.0])
+    groups = read_runs([a, b, c, d])
+    assert [[r.path.name for r in g] for g in groups] == [["a", "b"], ["c"], ["d"]]
+    assert labels(groups) == ["federation.mode=sync", "federation.async.buffer_size=3, federation.mode=async", "federation.async.buffer_size=4, federation.mode=async"]
