@@ -14,6 +14,7 @@ from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
 from rayfl.engine.asynchronous import Queue
 from rayfl.engine.deadline import Late, close
+from rayfl.engine.flights import Flight
 from rayfl.engine.host import GroupOutcome, Settled
 from rayfl.engine.round import Dispatched
 from rayfl.loader import load_config
@@ -209,3 +210,14 @@ def test_timeline_rounds_outside_the_run_exit_2(carry_dir, capsys):
 
     assert main(["timeline", str(carry_dir), "--rounds", "5-9"]) == 2
     assert capsys.readouterr().err.strip() == "rayfl: error: --rounds 5-9: the run has rounds 1-6"
+
+
+def test_a_deadline_round_with_nobody_free_lasts_until_the_next_late_arrival():
+    cfg = load_config(None, [*SMALL, "federation.mode=deadline", "federation.deadline.deadline_s=30"])
+    fed = dataclasses.replace(build_federation(cfg), population=HandClock())
+    state = fed.policy.init_state(fed.initial_weights())
+    late = Late(fed, None, None)
+    late.flights.append(Flight(7, 0, 0.0, 10.0, 0, False))  # every other client elsewhere: nobody selected
+    out = close(fed, Dispatched(2, [], [], None, lambda: []), state, 5.0, late)
+    assert out.row["virtual_time_s"] == 10.0 and out.row["num_clients"] == 0 and out.state.round == 2
+    assert late.flights == []  # it arrived (and was dropped): free for the next round

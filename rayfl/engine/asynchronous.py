@@ -55,7 +55,7 @@ class Queue:
         # server steps over its previous update
         self.tasks: dict[tuple[int, int], ClientTask] = {}
         self.unsent: list[ClientTask] = []
-        self.batches: list[tuple[list[ClientTask], Callable[[], list[GroupOutcome]]]] = []
+        self.batches: list[tuple[list[ClientTask], Callable[[], list[GroupOutcome]]] | None] = []
         self.batch_of: dict[tuple[int, int], int] = {}
         self.records: dict[tuple[int, int], Settled] = {}
         for f in pending.flights:  # a resumed run: the same tasks, trained again
@@ -118,8 +118,10 @@ class Queue:
         """A task's settled outcome, waiting for its batch if need be."""
         k = key(task)
         if k not in self.records:
-            tasks, gather = self.batches[self.batch_of[k]]
+            b = self.batch_of[k]
+            tasks, gather = self.batches[b]
             self.records.update((key(t), r) for t, r in zip(tasks, (r for g in gather() for r in g.settled)))
+            self.batches[b] = None  # its tasks' weights and the executor's references go
         self.batch_of.pop(k)
         return self.records.pop(k)
 

@@ -6,7 +6,8 @@ closes the round once enough have reported or a time limit passes. Here a round 
 ceil(K (1 + over_selection)) clients (`federation.selected_clients`), all dispatched together
 against the current model at the round's start T, and on the virtual clock they arrive at
 T + their time. The round closes at the K-th update in arrival order (ties by client id) or at
-T + `deadline_s`, whichever comes first; without either it waits for every client. Clients
+T + `deadline_s`, whichever comes first; without either it waits for every client (a round
+that selected nobody lasts until the next late client arrives, or its deadline). Clients
 after the close are late (status `late`, charged what they spent): their updates are dropped,
 or with `late: carry` aggregated in the round they arrive in, moved onto the model of that
 round with their staleness weight (`staleness.as_current`). A late client is busy, never
@@ -103,8 +104,10 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         updates += r.status == "ok"
         if updates == cfg.target_clients:
             closed_at = a
-    if closed_at is None:
-        closed_at = limit if missed else max((a for a, _, _ in on_time), default=start)
+    if closed_at is None and (missed or on_time):
+        closed_at = limit if missed else max(a for a, _, _ in on_time)
+    elif closed_at is None:  # nobody to select (all busy, say): the round lasts until the next arrival or the deadline
+        closed_at = min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
     flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)  # noqa: E731
     carried = late.arrive(closed_at)
     merged = sorted([(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
