@@ -34,6 +34,7 @@ class Late:
         self.states: dict[int, ServerState] = dict(pending.states) if pending else {}
         self.outcomes: dict[int, tuple[Settled, ClientTask]] = {}
         self.gather: Callable[[], list[GroupOutcome]] | None = None
+        self.tasks: list[ClientTask] = []
         carried = [f for f in self.flights if f.carry]
         if carried:  # a resumed run: train the carried clients again, as they trained before it stopped
             self.tasks = [reconfigure(fed, f, self.states) for f in carried]
@@ -57,8 +58,7 @@ class Late:
             self.gather = None
         arrived = sorted((f for f in self.flights if f.arrives_at <= by), key=lambda f: f.key)
         self.flights = [f for f in self.flights if f.arrives_at > by]
-        out = [(f, *self.outcomes.pop(f.client_id)) for f in arrived if f.carry]
-        return out
+        return [(f, *self.outcomes.pop(f.client_id)) for f in arrived if f.carry]
 
     def pending(self) -> Pending:
         versions = {f.version for f in self.flights if f.carry}
