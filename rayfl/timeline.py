@@ -110,7 +110,7 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
             ax.broken_barh(list(zip(rows[a], rows[b] - rows[a])), (y - height / 2, height), facecolors=COLORS[part], linewidth=0)
     for y, rows in c.groupby("slot"):  # a thin gap between one task and the next in a row
         ax.broken_barh(list(zip(rows["start"], rows["end"] - rows["start"])), (y - height / 2, height), facecolors="none", edgecolor="white", linewidth=0.8)
-    waiting = c[(c["closes"] > c["end"]) & (not asynchronous)]  # async: the slot is refilled at once
+    waiting = c.iloc[:0] if asynchronous else c[c["closes"] > c["end"]]  # async: the slot is refilled at once
     for y, rows in waiting.groupby("slot"):
         ax.broken_barh(list(zip(rows["end"], rows["closes"] - rows["end"])), (y - height / 2, height), facecolors=COLORS["waiting"], linewidth=0)
     for status, style in {"late": dict(edgecolor="#c44e52", hatch="///", linewidth=1.2), "failed": dict(edgecolor="black", linewidth=1.2)}.items():
@@ -123,7 +123,7 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     ax.set_yticks(range(slots) if slots <= 30 else np.linspace(0, slots - 1, 10).astype(int))
     ax.set_ylabel("client slot")
     ax.set_xlabel("virtual time (s); dotted: server steps")
-    handles = [Patch(facecolor=v, label=k) for k, v in COLORS.items()]
+    handles = [Patch(facecolor=v, label=k) for k, v in COLORS.items() if not (asynchronous and k == "waiting")]
     handles += [Patch(facecolor="none", edgecolor="#c44e52", hatch="///", label="late"), Patch(facecolor="none", edgecolor="black", label="failed")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=6, frameon=False)
     lo, hi = int(metrics["round"].min()), int(metrics["round"].max())
