@@ -1,7 +1,7 @@
 """Accuracy against FLOPs of sub-nets sampled from trained supernets (FedSup's Fig. 5).
 
 For each RUN_DIR (a `fedsup` or `efedsup` run), loads its last checkpoint, samples --subnets
-sub-nets (seeded, the same ones for every run), and measures each one's training FLOPs per sample
+sub-nets (seeded, the same ones for every run), and measures each one's inference FLOPs per sample
 (the same per-part cost model the runs use), its initial accuracy (on each client's own test
 data, averaged over clients) and its personalized accuracy (the head fine-tuned per client for
 the run's `personalize_epochs`, default 5). Prints the figures and draws both against FLOPs, one
@@ -50,7 +50,7 @@ def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
             s = random_subnet(cfg.model, g)
             model = ev.models.load(s.config(cfg.model), extract(state.weights, policy.sub_shapes(s), where=crop))
             scores = policy.personal_scores(model, state.round, ev)
-            out["flops"].append(policy.costs(s)[0])
+            out["flops"].append(policy.costs(s).forward_flops)
             out["initial"].append(scores["initial_accuracy"])
             out["personal"].append(scores["personal_accuracy"])
     return {k: np.array(v) for k, v in out.items()}
@@ -77,7 +77,7 @@ def main() -> None:
             xs, ys = front(m["flops"], m[key])
             ax.plot(xs / 1e6, ys, color=dots.get_facecolor()[0], alpha=1.0, linewidth=1.5)
     for ax, title in zip(axes, ("initial accuracy", "personalized accuracy (head fine-tuned)")):
-        ax.set_xlabel("training MFLOPs per sample")
+        ax.set_xlabel("inference MFLOPs per sample")
         ax.set_ylabel("mean accuracy over clients")
         ax.set_title(title)
         ax.grid(alpha=0.3)

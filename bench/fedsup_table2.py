@@ -7,9 +7,11 @@ averaged over clients), personalized accuracy (FedSup, E-FedSup, FedAvg: the hea
 per client; Local-only, LG-FedAvg, Ditto, Per-FedAvg: their own personal models), the mean over
 clients of the standard deviation across clients, and the global test accuracy with FedSup's Big /
 Medium / Small children. `--set KEY=VALUE` applies to every run (e.g.
-data.partition.classes_per_client=5 for the paper's s = 50, federation.clients_per_round=20 for R = 1).
+data.partition.classes_per_client=5 for the paper's s = 50, federation.clients_per_round=20 for R = 1);
+`--runs` picks some of the methods. With `--curves FILE`, draws the children's test accuracy over
+the rounds (mean over seeds, each seed faint) for the supernet runs.
 
-    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--set KEY=VALUE ...]
+    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...] [--curves curves.png]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {"Local-only": "localonly", "FedAvg": "fedavg", "Ditto": "ditto", "LG-FedAvg": "lgfedavg", "Per-FedAvg": "perfedavg", "FedSup": "fedsup", "E-FedSup": "efedsup"}
+CHILDREN = ["test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
 COLUMNS = ["initial_accuracy", "initial_accuracy_std", "personal_accuracy", "personal_accuracy_std", "test_accuracy", "test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
 
 
@@ -35,8 +38,35 @@ def one(job: tuple[str, int, list[str], str]) -> dict:
 
     label, seed, sets, out = job
     run_local(load_config(ROOT / "examples" / "fedsup" / f"{RUNS[label]}.yaml", [*sets, f"seed={seed}"]), out)
-    last = pd.read_parquet(Path(out) / "metrics.parquet").iloc[-1]
-    return {"run": label, "seed": seed, **{c: float(last[c]) if c in last else math.nan for c in COLUMNS}}
+    metrics = pd.read_parquet(Path(out) / "metrics.parquet")
+    last = metrics.iloc[-1]
+    evaluated = metrics.dropna(subset=["test_accuracy"])
+    curves = {c: evaluated[c].tolist() for c in CHILDREN if c in evaluated}
+    return {"run": label, "seed": seed, **{c: float(last[c]) if c in last else math.nan for c in COLUMNS}, "rounds": evaluated["round"].tolist(), "curves": curves}
+
+
+def draw(rows: list[dict], path: str) -> None:
+    """Each supernet run's children over the rounds: the mean over seeds, each seed faint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [label for label in RUNS if any(r["run"] == label and r["curves"] for r in rows)]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True, squeeze=False)
+    for ax, label in zip(axes[0], runs):
+        rs = [r for r in rows if r["run"] == label]
+        for child, colour in zip(CHILDREN, ("C0", "C1", "C2")):
+            for r in rs:
+                ax.plot(r["rounds"], r["curves"][child], color=colour, alpha=0.25, lw=0.8)
+            ax.plot(rs[0]["rounds"], [statistics.mean(v) for v in zip(*(r["curves"][child] for r in rs))], color=colour, label=child.split("@")[1])
+        ax.set_title(label)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def spread(xs: list[float]) -> str:
@@ -50,21 +80,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the methods to run (default: all)")
+    parser.add_argument("--curves", help="draw the supernet runs' children over the rounds to this image")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(label, seed, args.set, f"{tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in RUNS]
+        jobs = [(label, seed, args.set, f"{tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in args.runs]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
     print(f"examples/fedsup, seeds 0..{args.seeds - 1} {' '.join(args.set)}; the last round, mean +- sd over seeds")
     print("| run | initial | personalized | sd over clients (initial / personalized) | global test accuracy | Big / Medium / Small |")
     print("|---|---|---|---|---|---|")
-    for label in RUNS:
+    for label in args.runs:
         rs = [r for r in rows if r["run"] == label]
         col = lambda c: [r[c] for r in rs]  # noqa: E731
         sd = f"{statistics.mean(col('initial_accuracy_std')):.3f} / {statistics.mean(col('personal_accuracy_std')):.3f}"
         children = " / ".join(f"{statistics.mean(col(f'test_accuracy@{c}')):.4f}" for c in ("big", "medium", "small")) if not math.isnan(rs[0]["test_accuracy@big"]) else "-"
         print(f"| {label} | {spread(col('initial_accuracy'))} | {spread(col('personal_accuracy'))} | {sd} | {spread(col('test_accuracy'))} | {children} |")
     print(json.dumps(rows))
+    if args.curves:
+        draw(rows, args.curves)
 
 
 if __name__ == "__main__":

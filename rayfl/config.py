@@ -132,13 +132,21 @@ class AlgorithmConfig(Strict):
 # ----------------------------------------------------------------------------- federation
 
 
-class ConstantSchedule(Strict):
+class Schedule(Strict):
+    """What every schedule kind has: a linear warm-up (FedSup Sec. 4.1: 20 rounds, then cosine
+    from 0.1). Rounds 1..W take lr * r / W; the schedule then runs over the other R - W rounds as
+    it would over a whole run of that length (round W + 1 takes lr)."""
+
+    warmup_rounds: int = Field(0, ge=0, description="W: rounds over which the rate rises linearly to lr (round r: lr r / W) before the schedule starts")
+
+
+class ConstantSchedule(Schedule):
     """The same learning rate every round."""
 
     kind: Literal["constant"] = "constant"
 
 
-class ExponentialSchedule(Strict):
+class ExponentialSchedule(Schedule):
     """lr_r = max(lr * gamma^(r-1), min_lr) (MergeSFL: gamma 0.993, min_lr 0.005)."""
 
     kind: Literal["exponential"] = "exponential"
@@ -146,7 +154,7 @@ class ExponentialSchedule(Strict):
     min_lr: float = Field(0.0, ge=0, description="floor of the decayed rate")
 
 
-class MultiStepSchedule(Strict):
+class MultiStepSchedule(Schedule):
     """lr times gamma at each milestone (HeteroFL: MultiStepLR, gamma 0.1, stepped per round)."""
 
     kind: Literal["multistep"] = "multistep"
@@ -165,7 +173,7 @@ class MultiStepSchedule(Strict):
         return v
 
 
-class CosineSchedule(Strict):
+class CosineSchedule(Schedule):
     """Cosine annealing over the rounds: min_lr + (lr - min_lr)(1 + cos(pi (r-1) / R)) / 2 (FeDepth's code)."""
 
     kind: Literal["cosine"] = "cosine"
@@ -176,6 +184,19 @@ LrSchedule = Annotated[
     Union[ConstantSchedule, ExponentialSchedule, MultiStepSchedule, CosineSchedule],
     Field(discriminator="kind"),
 ]
+
+
+class GradClip(Strict):
+    """Gradient clipping before each local step: the norm over the optimizer's parameters
+    (`torch.nn.utils.clip_grad_norm_`) or every entry (`clip_grad_value_`)."""
+
+    kind: Literal["norm", "value"] = "norm"
+    max: float = Field(gt=0, allow_inf_nan=False, description="the largest norm, or the largest |entry|")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_number_is_a_norm(cls, v: Any) -> Any:
+        return {"kind": "norm", "max": v} if isinstance(v, (int, float)) and not isinstance(v, bool) else v
 
 
 class StalenessConfig(Strict):
@@ -224,7 +245,7 @@ class FederationConfig(Strict):
     lr_schedule: LrSchedule = Field(ConstantSchedule(), description="lr over rounds; the server sets each round's rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (sgd only)")
     weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float | None = Field(None, gt=0, description="clip each step's gradient norm to this (HeteroFL: 1)")
+    grad_clip: GradClip | None = Field(None, description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} (HeteroFL: norm 1; FedSup's code: value 1)")
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_clients: int = Field(1000, ge=1, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
     eval_batch_size: int = Field(500, ge=1)
@@ -239,6 +260,12 @@ class FederationConfig(Strict):
     def _buffer_fits(self) -> "FederationConfig":
         if self.mode == "async" and self.asynchronous.rule == "fedbuff" and self.asynchronous.buffer_size > self.concurrency:
             raise ValueError(f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, federation.async.concurrency ({self.concurrency}): the buffer would never fill")
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "FederationConfig":
+        if self.lr_schedule.warmup_rounds >= self.rounds:
+            raise ValueError(f"federation.lr_schedule.warmup_rounds ({self.lr_schedule.warmup_rounds}) leaves no round of the schedule: give fewer than federation.rounds ({self.rounds})")
         return self
 
     @property

@@ -15,7 +15,7 @@ from typing import Iterable, Literal
 
 import torch
 
-from .config import ConstantSchedule, CosineSchedule, ExponentialSchedule, FederationConfig, MultiStepSchedule
+from .config import ConstantSchedule, CosineSchedule, ExponentialSchedule, FederationConfig, GradClip, MultiStepSchedule
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class OptimizerSpec:
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
-    grad_clip: float | None = None
-    """Clip the gradient norm over the optimizer's parameters to this before each step."""
+    grad_clip: GradClip | None = None
+    """Clip the gradients (their norm over the optimizer's parameters, or each entry) before each step."""
 
     @classmethod
     def of(cls, fed: FederationConfig, lr: float) -> "OptimizerSpec":
@@ -43,31 +43,37 @@ class OptimizerSpec:
         return dataclasses.replace(self, lr=lr)
 
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        """A fresh torch optimizer; with `grad_clip`, every `step()` first clips the gradient norm
-        over the optimizer's own parameters (a step pre-hook)."""
+        """A fresh torch optimizer; with `grad_clip`, every `step()` first clips the gradients of
+        the optimizer's own parameters (a step pre-hook)."""
         params = list(params)
         if self.kind == "sgd":
             opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         else:
             opt = torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
         if self.grad_clip is not None:
-            limit = self.grad_clip
+            clip_grads, limit = CLIP[self.grad_clip.kind], self.grad_clip.max
 
             def clip(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-                torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], limit)
+                clip_grads([p for g in optimizer.param_groups for p in g["params"]], limit)
 
             opt.register_step_pre_hook(clip)
         return opt
 
 
+CLIP = {"norm": torch.nn.utils.clip_grad_norm_, "value": torch.nn.utils.clip_grad_value_}
+"""`GradClip.kind` -> torch's clipping of a list of parameters' gradients in place."""
+
+
 def lr_schedule(fed: FederationConfig) -> list[float]:
     """The learning rate of rounds 1..R (index r - 1): `federation.lr` under `lr_schedule`, from
-    torch's schedulers stepped once per round (round 1 takes `lr`)."""
-    spec, rounds = fed.lr_schedule, fed.rounds
-    if isinstance(spec, ConstantSchedule):
-        return [fed.lr] * rounds
+    torch's schedulers stepped once per round (round 1 takes `lr`, or lr / W after a warm-up of W
+    rounds: `LinearLR` then the schedule over R - W rounds, joined by `SequentialLR`)."""
+    spec, warmup = fed.lr_schedule, fed.lr_schedule.warmup_rounds
+    rounds = fed.rounds - warmup
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=fed.lr)
-    if isinstance(spec, ExponentialSchedule):
+    if isinstance(spec, ConstantSchedule):
+        sched = torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
+    elif isinstance(spec, ExponentialSchedule):
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, spec.gamma)
     elif isinstance(spec, MultiStepSchedule):
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestone_rounds(spec, rounds), spec.gamma)
@@ -75,9 +81,12 @@ def lr_schedule(fed: FederationConfig) -> list[float]:
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=rounds, eta_min=spec.min_lr)
     else:  # pragma: no cover - the config union is closed
         raise ValueError(f"unknown lr schedule {spec!r}")
+    if warmup:
+        rise = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [rise, sched], milestones=[warmup])
     floor = getattr(spec, "min_lr", 0.0)
     out = []
-    for _ in range(rounds):
+    for _ in range(fed.rounds):
         out.append(max(opt.param_groups[0]["lr"], floor))
         opt.step()
         sched.step()

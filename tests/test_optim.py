@@ -43,6 +43,25 @@ def test_cosine_schedule_follows_the_closed_form():
     assert lrs == pytest.approx(want, rel=1e-9)
 
 
+def test_a_warm_up_rises_linearly_then_the_schedule_runs_over_the_other_rounds():
+    # W = 4 of R = 10: lr r / 4 for r = 1..4, then cosine over 6 rounds from 0.1.
+    cosine = [0.1 * (1 + np.cos(np.pi * t / 6)) / 2 for t in range(6)]
+    assert schedule(10, kind="cosine", warmup_rounds=4) == pytest.approx([0.025, 0.05, 0.075, 0.1, *cosine], rel=1e-9)
+    # FedSup Sec. 4.1: 20 warm-up rounds, then cosine from 0.1 (500 rounds)
+    lrs = schedule(500, kind="cosine", warmup_rounds=20)
+    assert lrs[0] == pytest.approx(0.005) and lrs[19] == pytest.approx(0.1) and lrs[20] == 0.1 and lrs[260] == pytest.approx(0.05)
+    # every kind takes one: a constant rate after 2 rounds of warm-up; exponential from round 3 on
+    assert schedule(4, kind="constant", warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.1])
+    assert schedule(5, kind="exponential", gamma=0.5, warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.05, 0.025])
+    # multistep milestones are fractions of the rounds after the warm-up: 0.5 of 4 is round 2 + 2
+    assert schedule(6, kind="multistep", milestones=[0.5], warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_a_warm_up_must_leave_rounds_to_the_schedule():
+    with pytest.raises(ConfigError, match=r"^federation.lr_schedule.warmup_rounds \(5\) leaves no round"):
+        parse_config({"federation": {"rounds": 5, "lr_schedule": {"kind": "cosine", "warmup_rounds": 5}}})
+
+
 @pytest.mark.parametrize(
     "spec, key",
     [
@@ -62,12 +81,23 @@ def test_momentum_is_refused_with_adam():
         parse_config({"federation": {"optimizer": "adam", "momentum": 0.9}})
 
 
-def test_grad_clip_clips_every_step_of_a_built_optimizer():
-    w = torch.nn.Parameter(torch.zeros(2))
-    opt = OptimizerSpec("sgd", 1.0, grad_clip=0.5).build([w])
-    w.grad = torch.tensor([3.0, 4.0])  # norm 5 -> clipped to 0.5: [0.3, 0.4]
-    opt.step()
-    torch.testing.assert_close(w.detach(), torch.tensor([-0.3, -0.4]))
+@pytest.mark.parametrize(
+    "clip, step",
+    [
+        (0.5, [0.3, 0.4, 0.0]),  # a number is a norm: (3, 4, 0) has norm 5, scaled to 0.5
+        ({"kind": "norm", "max": 0.5}, [0.3, 0.4, 0.0]),
+        ({"kind": "value", "max": 1.0}, [1.0, 1.0, 0.0]),  # each entry to [-1, 1]: FedSup's code
+        ({"kind": "value", "max": 3.5}, [3.0, 3.5, 0.0]),
+    ],
+)
+def test_grad_clip_clips_every_step_of_a_built_optimizer(clip, step):
+    spec = OptimizerSpec.of(parse_config({"federation": {"grad_clip": clip}}).federation, 1.0)
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = spec.build([w])
+    for k in (1, 2):
+        w.grad = torch.tensor([3.0, 4.0, 0.0])
+        opt.step()
+        torch.testing.assert_close(w.detach(), -k * torch.tensor(step))
 
 
 def test_clients_train_at_the_scheduled_rate(tmp_path):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -55,6 +55,10 @@ class FedSupConfig(AlgorithmConfig):
     subnets: int = Field(3, ge=1, description="M: sub-nets trained per local iteration (the paper: 3; the published runs: 1)")
     sandwich: bool = Field(True, description="the largest and the smallest sub-net always among the M (M >= 3)")
     inplace_distill: bool = Field(True, description="the other sub-nets learn from the largest's soft predictions (Eq. 6-7); else from the labels")
+    temperature: float = Field(1.0, gt=0, allow_inf_nan=False, description="T of the distillation's softmaxes (Sec. 3.3.2 names one, gives no value; the public code: 1)")
+    distill_weight: float = Field(
+        1.0, ge=0, le=1, description="lambda: a distilled sub-net's loss is lambda T^2 soft-CE + (1 - lambda) CE on the labels (Hinton et al.; the public code: 1, soft targets only)"
+    )
 
 
 class EFedSupConfig(AlgorithmConfig):
@@ -72,6 +76,8 @@ class FedSupTask(ClientTask):
     subnets: int = 1
     sandwich: bool = True
     inplace_distill: bool = True
+    temperature: float = 1.0
+    distill_weight: float = 1.0
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -89,10 +95,13 @@ def step_subnets(config: SupernetConfig, seed: int, round: Round, client: Client
     return first + [random_subnet(config, g) for _ in range(m - 1 - len(last))] + last
 
 
-def distill_loss(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """In-place distillation (Eq. 7): the cross-entropy of the sub-net's prediction against the
-    largest's detached soft prediction, -sum softmax(z_T) log softmax(z), batch mean."""
-    return -(F.softmax(teacher.detach(), 1) * F.log_softmax(logits, 1)).sum(1).mean()
+def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, weight: float = 1.0) -> torch.Tensor:
+    """In-place distillation (Eq. 7, with Sec. 3.3.2's temperature T and balance lambda, as
+    Hinton et al.): lambda T^2 [-sum softmax(z_T / T) log softmax(z / T)] + (1 - lambda) CE(z, y),
+    batch means, z_T the largest's detached prediction. The paper gives no values; T = 1,
+    lambda = 1 (soft targets alone) is the public code's `KLLossSoft`."""
+    soft = -(F.softmax(teacher.detach() / temperature, 1) * F.log_softmax(logits / temperature, 1)).sum(1).mean()
+    return weight * temperature**2 * soft + (1 - weight) * F.cross_entropy(logits, labels)
 
 
 def fill_finish(old: Weights, total: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -111,12 +120,19 @@ def fill_finish(old: Weights, total: dict[str, np.ndarray]) -> dict[str, np.ndar
     return out
 
 
+class SubnetCost(NamedTuple):
+    forward_flops: float
+    """Inference FLOPs per sample: what a tier's budget bounds (Sec. 3.4, Table 6)."""
+    train_flops: float
+    """Training FLOPs per sample: what the virtual clock charges."""
+    params: int
+
+
 class SubnetCosts:
-    """Training FLOPs per sample and parameters of any sub-net, as sums over its parts (the stem,
-    each block at its input and output widths and kernel, the classifier), each part measured
-    once with torch's FLOP counter (`flops_on`) on a module of exactly its size: FLOPs add up
-    over layers, so a sub-net of thousands costs a few dictionary look-ups (rejection sampling
-    draws many)."""
+    """Forward and training FLOPs per sample and parameters of any sub-net, as sums over its parts
+    (the stem, each block at its input and output widths and kernel, the classifier), each part
+    measured once (`flops_on`) on a module of exactly its size: FLOPs add up over layers, so a
+    sub-net of thousands costs a few dictionary look-ups (rejection sampling draws many)."""
 
     def __init__(self, config: SupernetConfig, input_shape: tuple[int, ...], num_classes: int):
         self.config, self.input_shape, self.num_classes = config, tuple(input_shape), num_classes
@@ -126,18 +142,18 @@ class SubnetCosts:
         for stride in config.strides:
             self.spatial.append(tuple(size))
             size = [math.ceil(n / stride) for n in size]
-        self._parts: dict[tuple, tuple[float, int]] = {}
+        self._parts: dict[tuple, SubnetCost] = {}
 
-    def part(self, key: tuple, build, shape: tuple[int, ...]) -> tuple[float, int]:
-        """A part's (training FLOPs per sample, parameters); inside the network its input takes a
-        gradient too (the stem's, the data, does not)."""
+    def part(self, key: tuple, build, shape: tuple[int, ...]) -> SubnetCost:
+        """A part's cost; inside the network its input takes a gradient too (the stem's, the
+        data, does not)."""
         if key not in self._parts:
             module = build()
             x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0)).requires_grad_(key[0] != "stem")
-            self._parts[key] = (flops_on(module, x, train=True), sum(p.numel() for p in module.parameters()))
+            self._parts[key] = SubnetCost(flops_on(module, x, train=False), flops_on(module, x, train=True), sum(p.numel() for p in module.parameters()))
         return self._parts[key]
 
-    def __call__(self, s: Subnet) -> tuple[float, int]:
+    def __call__(self, s: Subnet) -> SubnetCost:
         cfg, dims = self.config, len(self.input_shape) - 1
         parts = [self.part(("stem",), lambda: _Part(Stem(cfg, self.input_shape)), self.input_shape)]
         c_in = cfg.stem
@@ -149,7 +165,7 @@ class SubnetCosts:
                 parts.append(self.part(("block", c_in, width, kernel, stride, size), build, (c_in, *size)))
                 c_in = width
         parts.append(self.part(("head", c_in), lambda: torch.nn.Linear(c_in, self.num_classes), (c_in,)))
-        return sum(f for f, _ in parts), sum(p for _, p in parts)
+        return SubnetCost(*(sum(column) for column in zip(*parts)))
 
 
 class _Part(torch.nn.Module):
@@ -194,9 +210,10 @@ class FedSupPolicy(ServerPolicy):
             raise ConfigError(f"model.name: {config.algorithm.name} trains a supernet (supernet, supernet_small), not {config.model.name}")
 
     def size(self, subnet: Subnet) -> float:
-        """What a tier's budget bounds: the sub-net's training FLOPs per sample, or its parameters."""
-        flops, params = self.costs(subnet)
-        return float(params if self.efficient and self.config.algorithm.budget == "params" else flops)
+        """What a tier's budget bounds: the sub-net's inference FLOPs per sample (the paper), or its
+        parameters (`budget: params`, the public code)."""
+        cost = self.costs(subnet)
+        return float(cost.params if self.config.algorithm.budget == "params" else cost.forward_flops)
 
     def sub_shapes(self, subnet: Subnet) -> dict[str, tuple[int, ...]]:
         if subnet not in self._sub_shapes:
@@ -228,7 +245,8 @@ class FedSupPolicy(ServerPolicy):
                 out.append(self.task(c, round, self.subnet(state, s), model=s.config(self.super)))
             return out
         cfg = self.config.algorithm
-        return [self.task(c, round, state.weights, kind=FedSupTask, subnets=cfg.subnets, sandwich=cfg.sandwich, inplace_distill=cfg.inplace_distill) for c in clients]
+        options = {"subnets": cfg.subnets, "sandwich": cfg.sandwich, "inplace_distill": cfg.inplace_distill, "temperature": cfg.temperature, "distill_weight": cfg.distill_weight}
+        return [self.task(c, round, state.weights, kind=FedSupTask, **options) for c in clients]
 
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
         """p_k times the client's tensors where they sit in the supernet, the weight of holding
@@ -248,12 +266,12 @@ class FedSupPolicy(ServerPolicy):
         """E-FedSup: its sub-net's training. FedSup: every iteration's M sub-nets on its batch
         (replaying the client's draws; iterations of equal size)."""
         if self.efficient:
-            return result.num_samples * self.costs(Subnet.of(task.model))[0], nbytes(task.weights), nbytes(result.weights)
+            return result.num_samples * self.costs(Subnet.of(task.model)).train_flops, nbytes(task.weights), nbytes(result.weights)
 
         n = result.num_examples or 1
         steps = task.local_epochs * len(epoch_batches(n, task.batch_size, np.random.default_rng(0)))
         per_step = [
-            sum(self.costs(s)[0] for s in step_subnets(self.super, self.context.seed, task.round, task.client_id, i, task.subnets, task.sandwich, task.inplace_distill))
+            sum(self.costs(s).train_flops for s in step_subnets(self.super, self.context.seed, task.round, task.client_id, i, task.subnets, task.sandwich, task.inplace_distill))
             for i in range(steps)
         ]
         return result.num_samples * float(np.mean(per_step)), nbytes(task.weights), nbytes(result.weights)
@@ -276,7 +294,7 @@ class FedSupPolicy(ServerPolicy):
         return self.super
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {n: dict(zip(("train_flops", "params"), self.costs(s)), subnet=s.__dict__) for n, s in self.children.items()}
+        out: dict[str, Any] = {n: {**self.costs(s)._asdict(), "subnet": s.__dict__} for n, s in self.children.items()}
         if self.efficient:
             out["tier_budgets"] = self.budgets
         return {"children": out}
@@ -307,7 +325,7 @@ class FedSupClient(ClientProcedure):
             for s in subnets[1:]:
                 model.set_active(s)
                 z = model(x)
-                (distill_loss(z, teacher) if task.inplace_distill else F.cross_entropy(z, y)).backward()
+                (distill_loss(z, teacher, y, task.temperature, task.distill_weight) if task.inplace_distill else F.cross_entropy(z, y)).backward()
             model.set_active(subnets[0])
             optimizer.step()
             total += ctx.finite(float(loss.detach())) * len(b)

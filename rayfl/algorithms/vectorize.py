@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from ..config import ConfigError
+from ..config import ConfigError, GradClip
+from ..optim import CLIP
 from .local import NON_FINITE, ClientContext, ClientData
 from .messages import ClientFailure, ClientResult, ClientTask
 
@@ -173,10 +174,15 @@ def laid_out(stacked: dict[str, torch.Tensor], strides: dict[str, tuple[int, ...
     return {n: torch.empty_strided(p.shape, strides[n], dtype=p.dtype, device=p.device).copy_(p).requires_grad_(True) for n, p in stacked.items()}
 
 
-def clip_per_client(params, limit: float) -> None:
-    """Each client's gradient norm over all its parameters clipped to `limit` (as torch's
-    `clip_grad_norm_` would for that client alone)."""
+def clip_per_client(params, clip: GradClip) -> None:
+    """Each client's gradients clipped as torch would for that client alone: their norm over all
+    its parameters to `clip.max` (`clip_grad_norm_`), or each entry (`clip_grad_value_`, entry by
+    entry whatever the client)."""
     params = [p for p in params if p.grad is not None]
+    if clip.kind == "value":
+        CLIP["value"](params, clip.max)
+        return
+    limit = clip.max
     norms = torch.stack([p.grad.flatten(1).pow(2).sum(1) for p in params]).sum(0).sqrt()
     coef = torch.clamp(limit / (norms + 1e-6), max=1.0)
     for p in params:

@@ -33,7 +33,7 @@ class ModelCost:
     num_params: int
     param_bytes: int
     forward_flops: float
-    """Forward FLOPs per sample (torch.utils.flop_counter: 2 per multiply-add)."""
+    """Forward FLOPs per sample (2 per multiply-add of a matmul or convolution; `flops_on`)."""
     train_flops: float
     """Forward + backward FLOPs per training sample."""
     activation_bytes: float
@@ -50,11 +50,17 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...], train: bool) -> 
 
 
 def flops_on(model: nn.Module, x: torch.Tensor, train: bool) -> float:
-    """FLOPs per sample of `model` on the batch `x`: forward, or forward and backward."""
+    """FLOPs per sample of `model` on the batch `x`: forward, or forward and backward.
+
+    torch's `FlopCounterMode` counts 2 FLOPs per multiply-add of matrix products, convolutions
+    and attention; element-wise work (normalisation, activations, pooling) counts nothing, as in
+    the FLOP tables of the papers (FedSup's Table 6, HeteroFL's). Its convolution backward counts
+    a grouped convolution's weight gradient as dense (ignoring `groups`: a 64-channel depthwise
+    3x3 convolution would cost 66x its forward to train); `_conv_backward` replaces it."""
     from torch.utils.flop_counter import FlopCounterMode  # imported here: client actors rarely count
 
     model.train(train)
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward}) as counter:
         if train:
             model(x).sum().backward()
         else:
@@ -62,6 +68,17 @@ def flops_on(model: nn.Module, x: torch.Tensor, train: bool) -> float:
                 model(x)
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(x)
+
+
+def _conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's backward: the input's gradient (a transposed convolution of the output's
+    gradient with the weight) and the weight's (a convolution of the input with the output's
+    gradient, group by group) each take the forward's multiply-adds, grouped or not; the bias's
+    gradient, like the forward's bias, counts nothing."""
+    from torch.utils.flop_counter import conv_flop_count
+
+    forward = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return forward * (bool(output_mask[0]) + bool(output_mask[1]))
 
 
 def saved_bytes(model: nn.Module, x: torch.Tensor, parts: Mapping[str, nn.Module] | None = None) -> dict[str, int]:

@@ -139,6 +139,23 @@ def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
     assert samples == 2 * len(data) and 0 < loss_sum / samples < 10
 
 
+def test_an_m_fedepth_stage_trains_its_block_and_the_auxiliary_classifier_it_ends_at():
+    # m-FeDepth: stage j = 1 of blocks {0, 1, 2} {3, 4, 5} {6, 7, 8} exits through the auxiliary
+    # classifier after layer 5 and trains it with layers 3-5; the last stage trains the head.
+    fed, state = federation("algorithm.name=mfedepth", *BIG_BATCH)
+    runner = ClientRunner.of(fed)
+    blocks = ((0, 1, 2), (3, 4, 5), (6, 7, 8))
+    task = task_for(fed, state, 0, blocks=blocks, aux=True)
+    data = runner.data(0)
+    for j, want in ((1, {"layers.3", "layers.4", "layers.5", "aux.5"}), (2, {"layers.6", "layers.7", "layers.8", "head"})):
+        model = runner.context.load(task.model, task.weights)
+        before = to_numpy(model)
+        with torch_threads():
+            train_stage(model, task, j, blocks[j], data, runner.context)
+        after = to_numpy(model)
+        assert {".".join(k.split(".")[:2]) if k.startswith(("layers.", "aux.")) else k.split(".")[0] for k in before if not np.array_equal(before[k], after[k])} == want
+
+
 def test_a_cached_prefix_trains_as_the_recomputed_one():
     # Group norm makes the prefix per sample, so the cache changes nothing but the compute.
     fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "model.norm=gn", "federation.batch_size=16")

@@ -14,7 +14,9 @@ from rayfl.algorithms import aggregate
 from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
 from rayfl.algorithms.messages import ClientResult
 from rayfl.engine import ClientRunner, build_federation, torch_threads
+from rayfl.devices.cost import measure
 from rayfl.loader import load_config
+from rayfl.models import build_model
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -47,14 +49,20 @@ def test_in_place_distillation_loss_on_hand_logits():
     teacher = torch.tensor([[0.0, 2.0, 0.0]])
     p = np.exp([0.0, 2.0, 0.0]) / np.exp([0.0, 2.0, 0.0]).sum()
     log_q = np.array([1.0, 0.0, -1.0]) - np.log(np.exp([1.0, 0.0, -1.0]).sum())
-    assert float(distill_loss(z, teacher)) == pytest.approx(-(p * log_q).sum(), rel=1e-6)
+    y = torch.tensor([2])
+    assert float(distill_loss(z, teacher, y)) == pytest.approx(-(p * log_q).sum(), rel=1e-6)
     t = teacher.clone().requires_grad_()
-    distill_loss(z.clone().requires_grad_(), t).backward()
+    distill_loss(z.clone().requires_grad_(), t, y).backward()
     assert t.grad is None  # the teacher is detached
+    # T = 2, lambda = 0.25: 0.25 * 4 * soft-CE at T + 0.75 * CE on the label 2
+    p2 = np.exp([0.0, 1.0, 0.0]) / np.exp([0.0, 1.0, 0.0]).sum()
+    log_q2 = np.array([0.5, 0.0, -0.5]) - np.log(np.exp([0.5, 0.0, -0.5]).sum())
+    want = 0.25 * 4 * -(p2 * log_q2).sum() + 0.75 * -log_q[2]
+    assert float(distill_loss(z, teacher, y, temperature=2.0, weight=0.25)) == pytest.approx(want, rel=1e-6)
 
 
 def test_a_step_accumulates_the_gradients_of_its_subnets_then_steps_once():
-    cfg = load_config(None, ["algorithm.name=fedsup", *FEW, "federation.batch_size=1000", "federation.lr=0.1"])
+    cfg = load_config(None, ["algorithm.name=fedsup", *FEW, "federation.batch_size=1000", "federation.lr=0.1", "algorithm.temperature=2", "algorithm.distill_weight=0.5"])
     with torch_threads():
         fed = build_federation(cfg)
         state = fed.policy.init_state(fed.initial_weights())
@@ -70,7 +78,7 @@ def test_a_step_accumulates_the_gradients_of_its_subnets_then_steps_once():
         loss = F.cross_entropy(teacher, y)
         for s in subnets[1:]:
             model.set_active(s)
-            loss = loss + distill_loss(model(x), teacher)
+            loss = loss + distill_loss(model(x), teacher, y, temperature=2.0, weight=0.5)
         grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     for (name, p), g in zip(model.named_parameters(), grads):
         want = p.detach() - 0.1 * g if g is not None else p.detach()
@@ -84,20 +92,26 @@ def efedsup(*extra):
         return fed, fed.policy.init_state(fed.initial_weights())
 
 
-def test_tiers_draw_subnets_that_fit_their_flops_budget():
-    fed, state = efedsup("data.num_clients=30")
-    policy = fed.policy
-    big = policy.size(largest(SMALL))
-    assert policy.budgets[0] == pytest.approx(policy.size(smallest(SMALL)) / big) and policy.budgets[-1] == 1.0
-    for c in range(30):
-        s = policy.tier_subnet(1, c)
-        assert policy.size(s) <= policy.budgets[fed.context.device_classes[c]] * big * (1 + 1e-9)
-        if fed.context.device_classes[c] == 0:
-            assert s == smallest(SMALL)  # the weakest tier's budget is the smallest sub-net
-    # The public code's parameter budgets bound the parameter count instead.
-    fed, _ = efedsup("data.num_clients=30", "algorithm.budget=params")
-    s = fed.policy.tier_subnet(1, 3)
-    assert fed.policy.costs(s)[1] <= fed.policy.budgets[fed.context.device_classes[3]] * fed.policy.costs(largest(SMALL))[1] * (1 + 1e-9)
+def static_cost(subnet, fed):
+    """A sub-net's cost measured on its whole static model (`measure`), not as the policy sums it."""
+    return measure(build_model(subnet.config(SMALL), fed.context.input_shape, fed.context.num_classes), fed.context.input_shape)
+
+
+@pytest.mark.parametrize("budget", ["flops", "params"])
+def test_tiers_draw_subnets_that_fit_their_budget(budget):
+    """Sec. 3.4: a tier's budget bounds inference FLOPs (Table 6), the public code's parameters.
+    The weakest tier (mobile: weak) gets the smallest's share, the strongest the whole; every
+    drawn sub-net fits its tier by the static model's own count, and the draws bind (some fall
+    back to the smallest, some are larger)."""
+    fed, _ = efedsup("data.num_clients=60", f"algorithm.budget={budget}")
+    size = (lambda s: static_cost(s, fed).forward_flops) if budget == "flops" else (lambda s: static_cost(s, fed).num_params)
+    big = size(largest(SMALL))
+    assert fed.policy.budgets[0] == pytest.approx(size(smallest(SMALL)) / big) and fed.policy.budgets[-1] == 1.0
+    drawn = {c: fed.policy.tier_subnet(1, c) for c in range(60)}
+    for c, s in drawn.items():
+        assert size(s) <= fed.policy.budgets[fed.context.device_classes[c]] * big * (1 + 1e-9), (c, s)
+    assert {s for c, s in drawn.items() if fed.context.device_classes[c] == 0} == {smallest(SMALL)}
+    assert len(set(drawn.values())) > 10
 
 
 def test_only_the_subnet_travels(tmp_path):
@@ -112,17 +126,19 @@ def test_only_the_subnet_travels(tmp_path):
 
 
 def test_fill_and_count_aggregation_on_hand_tensors():
-    old = {"w": np.zeros((4,), np.float32)}
-    # Client a (weight 1) trained entries 0..1 to 2.0; client b (weight 3) entries 0..3 to 4.0.
+    old = {"w": np.ones((5,), np.float32)}  # the broadcast values
+    # Client a (weight 1) trained entries 0..1 to 2.0; client b (weight 3) entries 0..3 to 4.0;
+    # nobody trained entry 4.
     parts = [
-        {**aggregate.count_sum({"w": (4,)}, {"w": np.full(2, 2.0)}, None, 1.0), aggregate.WEIGHT: np.array(1.0)},
-        {**aggregate.count_sum({"w": (4,)}, {"w": np.full(4, 4.0)}, None, 3.0), aggregate.WEIGHT: np.array(3.0)},
+        {**aggregate.count_sum({"w": (5,)}, {"w": np.full(2, 2.0)}, None, 1.0), aggregate.WEIGHT: np.array(1.0)},
+        {**aggregate.count_sum({"w": (5,)}, {"w": np.full(4, 4.0)}, None, 3.0), aggregate.WEIGHT: np.array(3.0)},
     ]
     total = aggregate.add_up(parts)
-    # Fill (the paper): a's untrained entries count as the broadcast 0: (1 * 2 + 3 * 4) / 4, (1 * 0 + 3 * 4) / 4.
-    assert fill_finish(old, total)["w"].tolist() == [3.5, 3.5, 3.0, 3.0]
+    # Fill (the paper): a's untrained entries count as the broadcast 1: (1 * 2 + 3 * 4) / 4,
+    # then (1 * 1 + 3 * 4) / 4; the untrained entry keeps its value.
+    assert fill_finish(old, total)["w"].tolist() == [3.5, 3.5, 3.25, 3.25, 1.0]
     # Count: each entry over its holders: (2 + 12) / 4, then 12 / 3.
-    assert aggregate.count_finish(old, total)["w"].tolist() == [3.5, 3.5, 4.0, 4.0]
+    assert aggregate.count_finish(old, total)["w"].tolist() == [3.5, 3.5, 4.0, 4.0, 1.0]
 
 
 def test_fedsup_averages_whole_supernets_by_samples():

@@ -30,13 +30,14 @@ def one_round(sets):
         [],
         ["algorithm.name=fedprox", "algorithm.mu=0.1"],
         ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"],
+        ["federation.grad_clip={kind: value, max: 0.01}"],
         # depth groups of a transformer: clients of one stack have different depths (one vmap group each)
         ["algorithm.name=inclusivefl", "model.name=transformer", "model.width=8", "model.heads=2", "model.ffn=8", "devices.profile=mobile"],
         # width levels: clients of one width train together, each with its own label mask (-inf
         # takes absent classes out of the softmax, so a wrong client's mask changes the loss)
         ["algorithm.name=heterofl", "algorithm.levels=a1-c1", "algorithm.mask=-inf", "model.norm=none", "data.partition={kind: shards, classes_per_client: 2}"],
     ],
-    ids=["fedavg-sgd", "fedprox", "adam", "inclusivefl-transformer", "heterofl-masked"],
+    ids=["fedavg-sgd", "fedprox", "adam", "clip-by-value", "inclusivefl-transformer", "heterofl-masked"],
 )
 def test_vectorized_clients_equal_sequential_ones(extra):
     seq = one_round([*BASE, *extra])

@@ -7,7 +7,7 @@ import torch
 
 from rayfl.algorithms.aggregate import extract
 from rayfl.models import build_model
-from rayfl.models.supernet import ParametricNorm, Subnet, SupernetSmallConfig, all_subnets, crop, largest, medium, smallest
+from rayfl.models.supernet import DynamicConv, ParametricNorm, Subnet, SupernetSmallConfig, all_subnets, crop, largest, medium, smallest
 
 SMALL = SupernetSmallConfig()
 
@@ -84,3 +84,15 @@ def test_sequences_and_the_cifar_supernet_build():
 
     big = build_model(SupernetConfig(), (3, 32, 32), 10)
     assert big(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_depthwise_kernels_start_at_torchs_default_and_full_kernels_at_kaiming_fan_out():
+    """A 7x7 depthwise kernel: uniform on +-1/sqrt(fan_in) = +-1/7 (torch's default, a = sqrt(5)),
+    std 1/(7 sqrt(3)) = 0.082; Kaiming fan-out would give sqrt(2 / (256 * 49)) = 0.013. A 1x1
+    pointwise kernel 256 -> 512: normal, std sqrt(2 / 512) = 0.0625."""
+    torch.manual_seed(0)
+    depthwise = DynamicConv(2, 256, 256, 7, depthwise=True).weight
+    assert depthwise.abs().max() <= 1 / 7
+    assert float(depthwise.std()) == pytest.approx(1 / (7 * 3**0.5), rel=0.02)
+    pointwise = DynamicConv(2, 256, 512, 1).weight
+    assert float(pointwise.std()) == pytest.approx((2 / 512) ** 0.5, rel=0.02)
