@@ -117,12 +117,13 @@ def labels(groups: Sequence[Sequence[Run]]) -> list[str]:
     return [", ".join(f"{k}={c[k]}" for k in sorted(c) if k != "algorithm.name" and differs(k, c)) for c in configs]
 
 
-def table(groups: Sequence[Sequence[Run]], target: float | None = None, last: int = 1, columns: Sequence[str] = ()) -> pd.DataFrame:
-    """A row per config: algorithm, config (its differences), seeds, how many reached the target,
-    and `<figure>_mean` / `<figure>_std` for each figure (and each extra metrics column: its mean
-    over rounds). `target` defaults to each run's `federation.target_accuracy`."""
+def table(groups: Sequence[Sequence[Run]], target: float | None = None, last: int = 1, columns: Sequence[str] = (), names: Sequence[str] | None = None) -> pd.DataFrame:
+    """A row per config: algorithm, config (its differences, or its name from `names`), seeds, how
+    many reached the target, and `<figure>_mean` / `<figure>_std` for each figure (and each extra
+    metrics column: its mean over rounds). `target` defaults to each run's
+    `federation.target_accuracy`."""
     rows = []
-    for group, label in zip(groups, labels(groups)):
+    for group, label in zip(groups, names or labels(groups)):
         per_seed = pd.DataFrame([r.figures(target if target is not None else r.target, last, columns) for r in group])
         row: dict[str, Any] = {"algorithm": group[0].config["algorithm.name"], "config": label, "seeds": len(group)}
         has_target = target is not None or group[0].target is not None
@@ -157,9 +158,10 @@ def markdown(frame: pd.DataFrame, columns: Sequence[str] = ()) -> str:
     return out.to_markdown(index=False, disable_numparse=True)  # cells as formatted
 
 
-def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
+def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path, names: Sequence[str] | None = None) -> list[Path]:
     """Test accuracy against round, virtual time and bytes exchanged: a line per config (the mean
-    of its seeds on a common grid), the band between its lowest and highest seed shaded."""
+    of its seeds on a common grid), the band between its lowest and highest seed shaded; the
+    legend names each config by its algorithm and differences, or by `names`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,7 +170,7 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     short = [label.replace("algorithm.", "") for label in labels(groups)]  # the legend's names: options without their prefix
-    names = [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
+    names = names or [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
     written = []
     for axis, heading in (("round", "round"), ("virtual_time_s", "virtual time (s)"), ("bytes_mb", "traffic (MB, up + down)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
