@@ -8,10 +8,11 @@ per client; Local-only, LG-FedAvg, Ditto, Per-FedAvg: their own personal models)
 clients of the standard deviation across clients, and the global test accuracy with FedSup's Big /
 Medium / Small children. `--set KEY=VALUE` applies to every run (e.g.
 data.partition.classes_per_client=5 for the paper's s = 50, federation.clients_per_round=20 for R = 1);
-`--runs` picks some of the methods. With `--curves FILE`, draws the children's test accuracy over
+`--runs` picks some of the methods; `--out DIR` keeps the runs (and a rerun reuses the finished
+ones: the same --set, or the figures mix settings). With `--curves FILE`, draws the children's test accuracy over
 the rounds (mean over seeds, each seed faint) for the supernet runs.
 
-    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...] [--curves curves.png]
+    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...] [--out DIR] [--curves curves.png]
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def one(job: tuple[str, int, list[str], str]) -> dict:
     from rayfl.runner import run_local
 
     label, seed, sets, out = job
-    run_local(load_config(ROOT / "examples" / "fedsup" / f"{RUNS[label]}.yaml", [*sets, f"seed={seed}"]), out)
+    if not (Path(out) / "summary.json").is_file():  # a finished run is kept (--out): rerun only what is missing
+        run_local(load_config(ROOT / "examples" / "fedsup" / f"{RUNS[label]}.yaml", [*sets, f"seed={seed}"]), out)
     metrics = pd.read_parquet(Path(out) / "metrics.parquet")
     last = metrics.iloc[-1]
     evaluated = metrics.dropna(subset=["test_accuracy"])
@@ -82,9 +84,10 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
     parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the methods to run (default: all)")
     parser.add_argument("--curves", help="draw the supernet runs' children over the rounds to this image")
+    parser.add_argument("--out", help="keep the runs in this folder (OUT/SEED-ALGORITHM), and reuse those finished there")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(label, seed, args.set, f"{tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in args.runs]
+        jobs = [(label, seed, args.set, f"{args.out or tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in args.runs]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
     print(f"examples/fedsup, seeds 0..{args.seeds - 1} {' '.join(args.set)}; the last round, mean +- sd over seeds")

@@ -42,7 +42,7 @@ class SupernetConfig(ModelConfig):
     name: str = "supernet"
     stem: int = Field(32, ge=1, description="stem channels")
     stem_stride: int = Field(2, ge=1)
-    widths: tuple[tuple[int, ...], ...] = Field(((32, 64), (64, 128), (128, 256), (512, 1024)), description="width choices per stage")
+    widths: tuple[tuple[int, ...], ...] = Field(((32, 64), (64, 128), (128, 256), (512, 1024)), description="width choices per stage (the public code's; Table 5 gives the ranges 32-64, 64-128, 128-256, 256-1024)")
     depths: tuple[tuple[int, ...], ...] = Field(((1,), (1, 2), (1, 2), (1, 2)), description="depth choices per stage")
     kernels: tuple[tuple[int, ...], ...] = Field(((3, 5, 7),) * 4, description="kernel choices per stage (odd)")
     strides: tuple[int, ...] = Field((1, 2, 2, 2), description="stride of each stage's first block")
