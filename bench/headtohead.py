@@ -11,7 +11,7 @@ Table 2), FedSup and E-FedSup the small supernet, InclusiveFL transformers of de
 ResNet-20: at the width that fits the weakest device's memory (as HeteroFL's budget mode
 measures it) and at full width on every device (ignoring memory).
 
-Writes each run to OUT/DATASET/METHOD-SEED, then `rayfl compare`'s table (final = mean of the
+Writes each run to OUT/DATASET/METHOD-SEED (seed by seed; a rerun reuses the finished runs), then `rayfl compare`'s table (final = mean of the
 last --last evaluations, best, time and rounds to --target, virtual time, traffic, waiting) with
 one row per method, each method's own sub-model accuracies (its tiers: HeteroFL's levels,
 FedSup's children, DepthFL's exits, SplitMix's widths, InclusiveFL's groups), and the
@@ -117,10 +117,11 @@ def main() -> None:
     from rayfl import compare
 
     out = Path(args.out) / args.dataset
-    jobs = [(label, args.dataset, args.rounds, seed, str(out / f"{label.replace(' ', '_').replace('(', '').replace(')', '')}-{seed}")) for label in args.methods for seed in range(args.seeds)]
+    folder = {label: label.replace(" ", "_").replace("(", "").replace(")", "") for label in args.methods}
+    jobs = [(label, args.dataset, args.rounds, seed, str(out / f"{folder[label]}-{seed}")) for seed in range(args.seeds) for label in args.methods]  # seed by seed: a cut-off bench leaves whole seeds
     with ProcessPoolExecutor(args.procs) as pool:
-        dirs = list(pool.map(one, jobs))
-    groups = [[compare.Run.read(d) for d in dirs[i * args.seeds : (i + 1) * args.seeds]] for i in range(len(args.methods))]
+        list(pool.map(one, jobs))
+    groups = [[compare.Run.read(out / f"{folder[label]}-{seed}") for seed in range(args.seeds)] for label in args.methods]
     target = args.target or TARGETS[args.dataset]
     frame = compare.table(groups, target, args.last, names=args.methods)
     text = compare.markdown(frame)
@@ -128,6 +129,8 @@ def main() -> None:
     (out / "headtohead.md").write_text(text + "\n\n" + tiers(groups, args.methods) + "\n")
     frame.to_csv(out / "headtohead.csv", index=False)
     print(f"{args.dataset}, {args.rounds} rounds, seeds 0..{args.seeds - 1}, tiers 5:3:2; target {target}; final = mean of the last {args.last} evaluations")
+    if "FedAvg (weakest width)" in args.methods:
+        print(f"FedAvg (weakest width): width rate {weakest_width(args.dataset, args.rounds):.4f}")
     print(text)
     print()
     print(tiers(groups, args.methods))
