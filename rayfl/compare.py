@@ -174,12 +174,12 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path, names: Sequence[s
     written = []
     for axis, heading in (("round", "round"), ("virtual_time_s", "virtual time (s)"), ("bytes_mb", "traffic (MB, up + down)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for group, name in zip(groups, names):
+        for i, (group, name) in enumerate(zip(groups, names)):
             x, ys = curves(group, axis)
             if not len(x):  # no seed of this config was evaluated
                 continue
             mean = ys.mean(axis=0)
-            (line,) = ax.plot(x, mean, label=name, linewidth=1.4)
+            (line,) = ax.plot(x, mean, label=name, linewidth=1.4, linestyle="-" if i < 10 else "--")  # past the 10 colours: dashed
             if len(group) > 1:
                 ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.18, linewidth=0)
         ax.set_xlabel(heading)
