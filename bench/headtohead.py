@@ -7,7 +7,8 @@ fifth of the ResNet-20's width), 10 clients a round, the rounds (--rounds) and t
 its example (examples/fedepth/*, examples/fedsup/*, examples/inclusivefl/*,
 examples/mergesfl/*): the width and depth methods train the pre-activation ResNet-20 (FeDepth's
 Table 2), FedSup and E-FedSup the small supernet, InclusiveFL transformers of depths 2 / 4 / 6
-(the weak / medium / strong groups), MergeSFL its split CNN. FedAvg runs twice on the
+(the weak / medium / strong groups), MergeSFL its split CNN (the dataset's: `cnn2` on digits,
+`cnn1d` on MNIST-1D). FedAvg runs twice on the
 ResNet-20: at the width that fits the weakest device's memory (as HeteroFL's budget mode
 measures it) and at full width on every device (ignoring memory).
 
@@ -40,7 +41,7 @@ METHODS = {  # label -> (example, overrides)
     "FedSup": ("fedsup/fedsup.yaml", ["federation.personalize_epochs=0"]),
     "E-FedSup": ("fedsup/efedsup.yaml", ["federation.personalize_epochs=0"]),
     "InclusiveFL": ("inclusivefl/inclusivefl.yaml", []),
-    "MergeSFL": ("mergesfl/mergesfl.yaml", []),
+    "MergeSFL": ("mergesfl/mergesfl.yaml", ["model.name=SPLIT"]),
 }
 TARGETS = {"digits": 0.8, "mnist1d": 0.5}
 
@@ -61,7 +62,10 @@ def config(label: str, dataset: str, rounds: int, seed: int):
     from rayfl.loader import load_config
 
     example, sets = METHODS[label]
-    sets = [f"model.rate={weakest_width(dataset, rounds)}" if s == "model.rate=WEAKEST" else s for s in sets]
+    from rayfl.algorithms.sfl import SPLIT_MODELS
+
+    given = {"model.rate=WEAKEST": lambda: f"model.rate={weakest_width(dataset, rounds)}", "model.name=SPLIT": lambda: f"model.name={SPLIT_MODELS[dataset]}"}
+    sets = [given[s]() if s in given else s for s in sets]
     overrides = [*sets, *common(dataset, rounds, seed)]
     warmup = load_config(ROOT / "examples" / example).federation.lr_schedule.warmup_rounds
     if warmup:

@@ -100,18 +100,25 @@ def test_grad_clip_clips_every_step_of_a_built_optimizer(clip, step):
         torch.testing.assert_close(w.detach(), -k * torch.tensor(step))
 
 
-def test_clients_train_at_the_scheduled_rate(tmp_path):
+@pytest.mark.parametrize(
+    "warmup, lrs",
+    [
+        (0, [0.4, 0.2, 0.1]),
+        (2, [0.2, 0.4, 0.4, 0.2]),  # 0.4 * 1/2, 0.4 * 2/2, then the exponential over the other 2 rounds
+    ],
+)
+def test_clients_train_at_the_scheduled_rate(tmp_path, warmup, lrs):
     # One client a round, one full batch a round, a linear model, FedAvg with eta = 1: the global
     # model after round r is w_{r-1} - lr_r * grad(w_{r-1}) on that client's data.
     sets = [
         "model.name=mlp", "model.hidden=[]", "data.num_clients=4", "data.partition.kind=iid", "federation.clients_per_round=1",
-        "federation.batch_size=1000", "federation.rounds=3", "federation.checkpoint_every=1", "federation.lr=0.4",
-        "federation.lr_schedule.kind=exponential", "federation.lr_schedule.gamma=0.5",
+        "federation.batch_size=1000", f"federation.rounds={len(lrs)}", "federation.checkpoint_every=1", "federation.lr=0.4",
+        "federation.lr_schedule.kind=exponential", "federation.lr_schedule.gamma=0.5", f"federation.lr_schedule.warmup_rounds={warmup}",
     ]
     cfg = load_config(None, sets)
     run_local(cfg, tmp_path)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
-    assert metrics["lr"].tolist() == [0.4, 0.2, 0.1] and clients["lr"].tolist() == [0.4, 0.2, 0.1]
+    assert metrics["lr"].tolist() == pytest.approx(lrs, rel=1e-12) and clients["lr"].tolist() == pytest.approx(lrs, rel=1e-12)
     fed = build_federation(cfg)
     weights = [fed.initial_weights()] + [checkpoint.decode(torch.load(p, weights_only=True)["state"]).weights for p in sorted((tmp_path / "checkpoints").iterdir())]
     for r, (lr, client) in enumerate(zip(metrics["lr"], clients["client_id"]), start=1):
