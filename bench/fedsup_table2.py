@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {"Local-only": "localonly", "FedAvg": "fedavg", "Ditto": "ditto", "LG-FedAvg": "lgfedavg", "Per-FedAvg": "perfedavg", "FedSup": "fedsup", "E-FedSup": "efedsup"}
 CHILDREN = ["test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
-COLUMNS = ["initial_accuracy", "initial_accuracy_std", "personal_accuracy", "personal_accuracy_std", "test_accuracy", "test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
+COLUMNS = ["initial_accuracy", "initial_accuracy_std", "personal_accuracy", "personal_accuracy_std", "test_accuracy", *CHILDREN]
 
 
 def one(job: tuple[str, int, list[str], str]) -> dict:

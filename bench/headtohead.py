@@ -3,27 +3,28 @@ virtual clock, the same rounds, over seeds.
 
 Every run shares the data (--dataset, 20 clients, Dirichlet alpha 1.0), the devices (the `tiers`
 profile: weak : medium : strong = 5 : 3 : 2, memory 3 / 8 / 32 MiB, the weak tier fitting about a
-fifth of the ResNet-20's width), 10 clients a round, the rounds (--rounds) and the seeds. Each method keeps its own paper's model and local recipe, from
-its example (examples/fedepth/*, examples/fedsup/*, examples/inclusivefl/*,
-examples/mergesfl/*): the width and depth methods train the pre-activation ResNet-20 (FeDepth's
-Table 2), FedSup and E-FedSup the small supernet, InclusiveFL transformers of depths 2 / 4 / 6
-(the weak / medium / strong groups), MergeSFL its split CNN (the dataset's: `cnn2` on digits,
-`cnn1d` on MNIST-1D). FedAvg runs twice on the
+fifth of the ResNet-20's width), 10 clients a round, the rounds (--rounds) and the seeds. Each
+method keeps its own paper's model and local recipe, from its example (examples/fedepth/*,
+examples/fedsup/*, examples/inclusivefl/*, examples/mergesfl/*): the width and depth methods
+train the pre-activation ResNet-20 (FeDepth's Table 2), FedSup and E-FedSup the small supernet,
+InclusiveFL transformers of depths 2 / 4 / 6 (the weak / medium / strong groups), MergeSFL its
+split CNN (the dataset's: `cnn2` on digits, `cnn1d` on MNIST-1D). FedAvg runs twice on the
 ResNet-20: at the width that fits the weakest device's memory (as HeteroFL's budget mode
 measures it) and at full width on every device (ignoring memory).
 
-Writes each run to OUT/DATASET/METHOD-SEED (seed by seed; a rerun reuses the finished runs), then `rayfl compare`'s table (final = mean of the
-last --last evaluations, best, time and rounds to --target, virtual time, traffic, waiting) with
-one row per method, each method's own sub-model accuracies (its tiers: HeteroFL's levels,
+Writes each run to OUT/DATASET/METHOD-SEED (seed by seed; a rerun reuses the finished runs),
+then `rayfl compare`'s table (final = mean of the last --last evaluations, best, time and rounds
+to --target, virtual time, traffic, waiting) with one row per method, each method's own sub-model accuracies (its tiers: HeteroFL's levels,
 FedSup's children, DepthFL's exits, SplitMix's widths, InclusiveFL's groups), and the
 accuracy plots (against round, virtual time and traffic) to OUT/DATASET/.
 
-    python bench/headtohead.py [--dataset digits] [--rounds 100] [--seeds 3] [--procs 2] [--methods ...] [--out runs/headtohead]
+    python bench/headtohead.py [--dataset digits] [--rounds 60] [--seeds 3] [--procs 2] [--methods ...] [--out runs/headtohead]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -59,11 +60,10 @@ def common(dataset: str, rounds: int, seed: int) -> list[str]:
 def config(label: str, dataset: str, rounds: int, seed: int):
     """The method's example with the shared settings; a warm-up (FedSup's 20 rounds of 500) is
     cut to a tenth of the run."""
+    from rayfl.algorithms.sfl import SPLIT_MODELS
     from rayfl.loader import load_config
 
     example, sets = METHODS[label]
-    from rayfl.algorithms.sfl import SPLIT_MODELS
-
     given = {"model.rate=WEAKEST": lambda: f"model.rate={weakest_width(dataset, rounds)}", "model.name=SPLIT": lambda: f"model.name={SPLIT_MODELS[dataset]}"}
     sets = [given[s]() if s in given else s for s in sets]
     overrides = [*sets, *common(dataset, rounds, seed)]
@@ -73,6 +73,7 @@ def config(label: str, dataset: str, rounds: int, seed: int):
     return load_config(ROOT / "examples" / example, overrides)
 
 
+@functools.lru_cache
 def weakest_width(dataset: str, rounds: int) -> float:
     """The widest ResNet-20 that the weakest device can train (HeteroFL's budget mode's measure)."""
     from rayfl.algorithms.budget import client_rates
@@ -110,7 +111,7 @@ def tiers(groups, names) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=list(TARGETS), default="digits")
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))

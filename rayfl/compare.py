@@ -169,8 +169,9 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path, names: Sequence[s
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    short = [label.replace("algorithm.", "") for label in labels(groups)]  # the legend's names: options without their prefix
-    names = names or [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
+    if names is None:  # the legend's names: the algorithm, with its differing options (without their prefix)
+        short = [label.replace("algorithm.", "") for label in labels(groups)]
+        names = [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
     written = []
     for axis, heading in (("round", "round"), ("virtual_time_s", "virtual time (s)"), ("bytes_mb", "traffic (MB, up + down)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -100,8 +100,8 @@ def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, labels: torch.Tens
     Hinton et al.): lambda T^2 [-sum softmax(z_T / T) log softmax(z / T)] + (1 - lambda) CE(z, y),
     batch means, z_T the largest's detached prediction. The paper gives no values; T = 1,
     lambda = 1 (soft targets alone) is the public code's `KLLossSoft`."""
-    soft = -(F.softmax(teacher.detach() / temperature, 1) * F.log_softmax(logits / temperature, 1)).sum(1).mean()
-    return weight * temperature**2 * soft + (1 - weight) * F.cross_entropy(logits, labels)
+    soft = weight * temperature**2 * -(F.softmax(teacher.detach() / temperature, 1) * F.log_softmax(logits / temperature, 1)).sum(1).mean()
+    return soft if weight == 1 else soft + (1 - weight) * F.cross_entropy(logits, labels)  # no label loss to build at lambda = 1
 
 
 def fill_finish(old: Weights, total: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -213,7 +213,7 @@ class FedSupPolicy(ServerPolicy):
         """What a tier's budget bounds: the sub-net's inference FLOPs per sample (the paper), or its
         parameters (`budget: params`, the public code)."""
         cost = self.costs(subnet)
-        return float(cost.params if self.config.algorithm.budget == "params" else cost.forward_flops)
+        return float(cost.params if self.efficient and self.config.algorithm.budget == "params" else cost.forward_flops)
 
     def sub_shapes(self, subnet: Subnet) -> dict[str, tuple[int, ...]]:
         if subnet not in self._sub_shapes:
