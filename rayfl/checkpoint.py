@@ -90,14 +90,16 @@ class Saved:
     state: ServerState
     virtual_time_s: float
     pending: Any = None
+    batteries: Any = None
+    """The devices' charge (`rayfl.engine.admission.Batteries`), or None."""
 
 
-def save(run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None) -> Path:
+def save(run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None, batteries: Any = None) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"round_{state.round:05d}.pt"
     tmp = path.with_suffix(".tmp")
-    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending")}, tmp)
+    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending"), "batteries": encode(batteries, "batteries")}, tmp)
     tmp.replace(path)  # never leave a half-written checkpoint under the final name
     return path
 
@@ -122,7 +124,7 @@ def latest(run_dir: str | Path) -> Saved:
     for path in reversed(paths):
         try:
             data = torch.load(path, weights_only=True)
-            saved = Saved(decode(data["state"]), float(data["virtual_time_s"]), decode(data.get("pending")))
+            saved = Saved(decode(data["state"]), float(data["virtual_time_s"]), decode(data.get("pending")), decode(data.get("batteries")))
         except Exception as exc:  # a broken file fails in the zip reader, the unpickler or decode
             broken.append(f"{path} ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]})")
             continue

@@ -14,17 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+
+from .config_devices import DevicesConfig
+from .configbase import ConfigError as ConfigError, Strict  # ConfigError: every module raises it from here
 
 
-class ConfigError(ValueError):
-    """Bad user input: a one-line message naming the key, file or value at fault."""
-
-
-class Strict(BaseModel):
-    """Base of every config section: unknown keys are errors, instances are frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # ----------------------------------------------------------------------------- data
@@ -294,32 +289,6 @@ class FederationConfig(Strict):
         return v
 
 
-class DevicesConfig(Strict):
-    profile: str = Field("jetson", description="a built-in profile name or a path to a profile YAML")
-    mix: str | None = Field(
-        None,
-        description="class proportions replacing the profile's, in its class order, e.g. '1:2:7' (weak:medium:strong)",
-    )
-
-    @field_validator("mix")
-    @classmethod
-    def _mix(cls, v: str | None) -> str | None:
-        if v is not None:
-            mix_shares(v)
-        return v
-
-
-def mix_shares(mix: str) -> list[float]:
-    """'1:2:7' -> [1.0, 2.0, 7.0]; ValueError unless non-negative numbers, not all zero."""
-    try:
-        shares = [float(x) for x in mix.split(":")]
-    except ValueError:
-        shares = []
-    if not shares or any(x < 0 for x in shares) or sum(shares) <= 0:
-        raise ValueError(f"write a mix like '1:2:7': non-negative numbers joined by ':', not all zero (got {mix!r})")
-    return shares
-
-
 class RayConfig(Strict):
     address: str | None = None
     num_actors: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
@@ -358,6 +327,11 @@ class RunConfig(Strict):
             raise ValueError(f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} selects {fed.selected_clients} clients; data.num_clients is {n}")
         if fed.mode == "async" and fed.concurrency > n:
             raise ValueError(f"federation.async.concurrency ({fed.concurrency}) exceeds data.num_clients ({n})")
+        initial = self.devices.population.initial
+        if initial is not None and initial > n:
+            raise ValueError(f"devices.population.initial ({initial}) exceeds data.num_clients ({n})")
+        if self.devices.population.arrivals_per_hour > 0 and (initial or n) >= n:
+            raise ValueError(f"devices.population: arrivals need client ids to arrive as; set initial below data.num_clients ({n})")
         if fed.mode != "sync" and self.clock == "emulate":
             raise ValueError(f"clock: emulate paces synchronous rounds only; federation.mode {fed.mode} runs on the virtual clock")
         return self

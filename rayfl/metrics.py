@@ -91,6 +91,7 @@ class Recorder:
             "virtual_time_s": last.get("virtual_time_s", 0.0),
             "wall_time_s": last.get("wall_time_s", 0.0),
             "bytes_total": int(sum(r["bytes_up"] + r["bytes_down"] for r in self.rounds)),
+            "energy_j": float(sum(r.get("energy_j", 0.0) for r in self.rounds)),
             **(extra or {}),
         }
         if target is not None:

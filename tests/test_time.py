@@ -12,6 +12,7 @@ from rayfl import checkpoint, timeline
 from rayfl.algorithms.messages import ClientResult
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
+from rayfl.engine.admission import Batteries
 from rayfl.engine.asynchronous import Queue
 from rayfl.engine.deadline import Late, close
 from rayfl.engine.flights import Flight
@@ -27,11 +28,17 @@ SMALL = ["model.name=mlp", "data.num_clients=30", "metrics.tensorboard=false"]
 class HandClock:
     """Every device does 1 FLOP/s over an instant link: a client's time is its FLOPs."""
 
-    def available(self, round):
+    def available(self, round, t):
         return range(30)
 
     def state(self, client, round):
-        return DeviceState("hand", 1.0, 1e300, 0.0, True)
+        return DeviceState("hand", 1.0, 1e300, 1e300, 0.0)
+
+    def until(self, client, round, t, horizon):
+        return float("inf")
+
+    def size(self, t):
+        return 30
 
 
 def hand_round(finish, *sets):
@@ -46,7 +53,7 @@ def hand_round(finish, *sets):
         moved = {k: v + t.client_id if v.dtype.kind == "f" else v for k, v in state.weights.items()}
         out = ClientResult.of(t, weights=moved, num_examples=10, num_samples=10, train_loss=0.0)
         records.append(Settled(out, "ok", "", (finish[t.client_id], 0, 0)))
-    d = Dispatched(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})])
+    d = Dispatched(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})], [])
     return close(fed, d, state, 0.0, Late(fed, None, None)), state.weights
 
 
@@ -154,13 +161,13 @@ class Instant(HandClock):
     """Devices that take no time at all: every task arrives the moment it leaves."""
 
     def state(self, client, round):
-        return DeviceState("instant", float("inf"), float("inf"), 0.0, True)
+        return DeviceState("instant", float("inf"), float("inf"), float("inf"), 0.0)
 
 
 def test_async_arrivals_at_one_instant_go_in_client_id_order():
     cfg = load_config(None, [*SMALL, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"])
     fed = dataclasses.replace(build_federation(cfg), population=Instant())
-    queue = Queue(fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None)
+    queue = Queue(fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None, Batteries())
     first = queue.advance()
     out = sorted(f.client_id for *_, f in queue.heap) + [f.client_id for f in first]
     assert {f.arrives_at for f in first} == {0.0}
@@ -218,6 +225,6 @@ def test_a_deadline_round_with_nobody_free_lasts_until_the_next_late_arrival():
     state = fed.policy.init_state(fed.initial_weights())
     late = Late(fed, None, None)
     late.flights.append(Flight(7, 0, 0.0, 10.0, 0, False))  # every other client elsewhere: nobody selected
-    out = close(fed, Dispatched(2, [], [], None, lambda: []), state, 5.0, late)
+    out = close(fed, Dispatched(2, [], [], None, lambda: [], []), state, 5.0, late)
     assert out.row["virtual_time_s"] == 10.0 and out.row["num_clients"] == 0 and out.state.round == 2
     assert late.flights == []  # it arrived (and was dropped): free for the next round

@@ -29,6 +29,6 @@ def client_rates(config: RunConfig, context: FederationContext, model: ModelConf
     """(num_clients,) each client's width rate, once per device class: a `memory_width` budget r
     gives r itself (capped at 1: it is that width's measured memory), a `memory_mb` budget its
     `fitting_rate`."""
-    classes = context.profile.classes
+    classes = context.classes("the width of each client")
     per_class = [min(c.memory_width, 1.0) if c.memory_width is not None else fitting_rate(config, context, c.memory_mb * 2**20, model) for c in classes]
     return np.array(per_class)[context.device_classes]

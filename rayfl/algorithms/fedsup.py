@@ -197,7 +197,7 @@ class FedSupPolicy(ServerPolicy):
         self.costs = SubnetCosts(self.super, context.input_shape, context.num_classes)
         self.children = {"big": largest(self.super), "medium": medium(self.super), "small": smallest(self.super)}
         if self.efficient:
-            classes = context.profile.classes
+            classes = context.classes("E-FedSup's tiers")
             cfg = config.algorithm
             lo = self.size(smallest(self.super)) / self.size(largest(self.super))
             self.budgets = list(cfg.tier_budgets) if cfg.tier_budgets is not None else list(np.linspace(lo, 1.0, len(classes)))

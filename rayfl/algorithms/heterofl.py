@@ -172,7 +172,7 @@ class HeteroFLPolicy(ServerPolicy):
         elif mode == "budget":
             self.fixed = by_budget
         elif mode == "class":
-            classes = context.profile.classes
+            classes = context.classes("algorithm.mode class")
             if len(classes) != len(self.levels):
                 raise ConfigError(f"algorithm.levels: mode class needs one level per device class ({len(classes)} in profile {config.devices.profile!r}), not {len(self.levels)}")
             self.fixed = len(classes) - 1 - np.asarray(context.device_classes)

@@ -171,13 +171,13 @@ class InclusiveFLPolicy(ServerPolicy):
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
-        self.groups = self.plan(config, context.profile.classes)
+        self.groups = self.plan(config, context.classes("InclusiveFL's depth groups"))
         self.depths = [g.depth for g in self.groups]
         self.variants = [config.model.model_copy(update={"depth": g.depth}) for g in self.groups]
         self.keys = [list(build_model(v, context.input_shape, context.num_classes).state_dict()) for v in self.variants]
         self.prefix = type(config.model).layer_prefix
         of_class = {c: j for j, g in enumerate(self.groups) for c in g.classes}
-        self.class_group = np.array([of_class.get(i, -1) for i in range(len(context.profile.classes))])
+        self.class_group = np.array([of_class.get(i, -1) for i in range(len(context.classes("InclusiveFL's depth groups")))])
         self.grouped = self.class_group[context.device_classes] >= 0
         """(num_clients,) whether a client's device class has a group (ExclusiveFL: the strongest only)."""
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..devices import DeviceProfile, DeviceState, ModelCost
 from ..optim import OptimizerSpec
 from ..types import ClientId, Round, Weights
@@ -130,7 +130,15 @@ class FederationContext:
     device_classes: np.ndarray | None = None
     """(num_clients,) each client's device class: its index in the profile's classes."""
     profile: DeviceProfile | None = None
-    """The run's device profile, its `devices.mix` applied (its classes, weakest first)."""
+    """The run's device profile, its `devices.mix` applied (its classes, weakest first); None
+    for a device trace."""
     training_memory: Callable[[ModelConfig], int] | None = None
     """Bytes a model variant needs to train under the run's batch size and optimizer
     (`ModelCost.training_memory`, measured once per variant)."""
+
+    def classes(self, who: str) -> list:
+        """The profile's device classes, for a policy that assigns work by class (`who` names
+        the setting); `ConfigError` under a device trace, which has no classes."""
+        if self.profile is None:
+            raise ConfigError(f"devices.trace: {who} assigns work by device class; give devices.profile (a trace has no classes)")
+        return self.profile.classes

@@ -1,7 +1,8 @@
-"""Device populations and the cost model of the virtual clock (Ray-free)."""
+"""Device populations, their availability on the virtual clock, traces, and the cost model (Ray-free)."""
 
-from .cost import CostCache, ModelCost, client_time, measure, nbytes, round_duration
-from .profile import DeviceProfile, DeviceState, Population, builtin_profiles, configured_profile, load_profile, with_mix
+from .cost import CostCache, ModelCost, Spent, client_time, energy_j, measure, nbytes, round_duration, spent
+from .population import Population
+from .profile import DeviceProfile, DeviceState, builtin_profiles, configured_profile, load_profile, with_mix
 
 __all__ = [
     "CostCache",
@@ -9,12 +10,15 @@ __all__ = [
     "DeviceState",
     "ModelCost",
     "Population",
+    "Spent",
     "builtin_profiles",
     "client_time",
     "configured_profile",
+    "energy_j",
     "load_profile",
     "measure",
     "nbytes",
     "round_duration",
+    "spent",
     "with_mix",
 ]

@@ -1,7 +1,8 @@
 """The cost model of the virtual clock: FLOPs, bytes, memory and time per client.
 
 compute time = training FLOPs of the client's model variant for its samples / device FLOP/s
-communication time = bits down / bandwidth + bits up / bandwidth + 2 * latency
+communication time = bits down / down bandwidth + bits up / up bandwidth + 2 * latency
+energy = FLOPs / 10^9 x J/GFLOP + bytes / 10^6 x J/MB
 memory = parameters + gradients + optimizer state + activations for one batch
 A synchronous round lasts as long as its slowest selected client; a client waits the rest.
 """
@@ -162,9 +163,54 @@ class ClientTime:
 
 
 def client_time(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> ClientTime:
-    """Time of one client's round: FLOPs / FLOP/s + bits / bandwidth each way + latency each way."""
-    comm = 8 * (bytes_down + bytes_up) / device.bandwidth_bps + 2 * device.latency_s
+    """Time of one client's task: bits / bandwidth each way + latency each way, FLOPs / FLOP/s."""
+    comm = 8 * bytes_down / device.down_bps + 8 * bytes_up / device.up_bps + 2 * device.latency_s
     return ClientTime(compute_s=flops / device.flops, comm_s=comm)
+
+
+def energy_j(device: DeviceState, flops: float, bytes_moved: float) -> float:
+    """A task's energy: FLOPs / 10^9 x J/GFLOP + bytes / 10^6 x J/MB."""
+    return flops / 1e9 * device.energy_j_per_gflop + bytes_moved / 1e6 * device.energy_j_per_mb
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What a task took from its device: its columns on the virtual clock, and its energy."""
+
+    flops: float
+    bytes_down: int
+    bytes_up: int
+    compute_s: float
+    comm_s: float
+    energy_j: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    def columns(self) -> dict[str, float]:
+        return {
+            "flops": self.flops, "compute_s": self.compute_s, "comm_s": self.comm_s, "total_s": self.total_s,
+            "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "energy_j": self.energy_j,
+        }
+
+
+def spent(device: DeviceState, flops: float, bytes_down: int, bytes_up: int, cut_s: float | None = None) -> Spent:
+    """What a task of `flops` and bytes takes on the device: all of it, or, for a task cut off
+    `cut_s` seconds after it started (its device went offline), what it did by then. A task
+    downloads (latency + bits / down), computes, then uploads (latency + bits / up); bytes and
+    FLOPs are spent evenly over their phase."""
+    t = client_time(device, flops, bytes_down, bytes_up)
+    if cut_s is None or cut_s >= t.total_s:
+        return Spent(flops, bytes_down, bytes_up, t.compute_s, t.comm_s, energy_j(device, flops, bytes_down + bytes_up))
+    down_s = device.latency_s + 8 * bytes_down / device.down_bps
+    up_s = device.latency_s + 8 * bytes_up / device.up_bps
+    d = min(cut_s, down_s)
+    c = min(max(cut_s - down_s, 0.0), t.compute_s)
+    u = min(max(cut_s - down_s - t.compute_s, 0.0), up_s)
+    share = lambda done, whole: done / whole if whole > 0 else 1.0  # noqa: E731
+    f, bd, bu = flops * share(c, t.compute_s), int(bytes_down * share(d, down_s)), int(bytes_up * share(u, up_s))
+    return Spent(f, bd, bu, c, d + u, energy_j(device, f, bd + bu))
 
 
 def round_duration(totals: Sequence[float]) -> tuple[float, list[float]]:

@@ -1,18 +1,23 @@
-"""Device profiles (populations of device classes) and the seeded per-round device state."""
+"""Device profiles (populations of device classes) and what a device offers in a round (`DeviceState`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Sequence
 
-import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
-from .. import rng
-from ..config import ConfigError, DevicesConfig, Strict, mix_shares
+from ..config import ConfigError, DevicesConfig, Strict
+from ..config_devices import mix_shares
 from ..configfile import format_error, read_yaml
+
+
+ENERGY_J_PER_GFLOP = 0.1
+"""Default training energy: 0.1 J per GFLOP (10 GFLOP/J, an assumption for a phone's or a
+Jetson's sustained training; docs/devices.md)."""
+ENERGY_J_PER_MB = 1.0
+"""Default radio energy: 1 J per MB (an assumption between WiFi and cellular; docs/devices.md)."""
 
 
 class DeviceClass(Strict):
@@ -36,7 +41,10 @@ class DeviceClass(Strict):
         "a level drawn once in [low, high] and each round scales it by exp(sigma N(0, 1)), clipped to [low, high]",
     )
     latency_ms: float = Field(0.0, ge=0, description="one-way latency added per exchange, ms")
-    availability: float = Field(1.0, gt=0, le=1, description="chance of being online in a round")
+    availability: float = Field(1.0, gt=0, le=1, description="chance of being online in a round (availability: bernoulli)")
+    energy_j_per_gflop: float = Field(ENERGY_J_PER_GFLOP, ge=0, allow_inf_nan=False, description="joules per 10^9 training FLOPs")
+    energy_j_per_mb: float = Field(ENERGY_J_PER_MB, ge=0, allow_inf_nan=False, description="joules per 10^6 bytes sent or received")
+    battery_j: float | None = Field(None, gt=0, allow_inf_nan=False, description="joules a device can spend on tasks between charges (None: no limit)")
 
     @model_validator(mode="after")
     def _check(self) -> "DeviceClass":
@@ -100,76 +108,10 @@ class DeviceState:
 
     device: str
     flops: float
-    bandwidth_bps: float
+    down_bps: float
+    up_bps: float
     latency_s: float
-    available: bool
-
-
-class Population:
-    """The device of every logical client, and its seeded state in each round.
-
-    Classes are dealt in exact proportions (largest remainder), then shuffled over clients
-    by (seed, "devices"). A client's mode is keyed by (seed, round // mode_period, client,
-    "mode"); its bandwidth by (seed, round, client, "bandwidth"), and, with `bandwidth_jitter`,
-    its bandwidth level by (seed, client, "bandwidth-level"). Who is online in a round is one
-    vectorized draw for the whole population keyed by (seed, round, "availability"), so a
-    round costs a few arrays of N entries, never a loop over the clients.
-    """
-
-    def __init__(self, profile: DeviceProfile, num_clients: int, seed: int):
-        self.profile = profile
-        self.seed = seed
-        share = np.array([c.proportion for c in profile.classes])
-        share = share / share.sum() * num_clients
-        counts = np.floor(share).astype(int)
-        counts[np.argsort(-(share - counts), kind="stable")[: num_clients - counts.sum()]] += 1
-        classes = np.repeat(np.arange(len(profile.classes), dtype=np.int32), counts)
-        self.class_of = rng.generator(seed, "devices").permutation(classes)
-        self.always_online = all(c.availability >= 1 for c in profile.classes)
-        self._online: tuple[int, np.ndarray] | None = None
-
-    def device_class(self, client: int) -> DeviceClass:
-        return self.profile.classes[self.class_of[client]]
-
-    def class_memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
-        """Each class's memory budget in bytes; `width_memory(r)` measures a `memory_width` budget."""
-        return np.array([c.memory_mb * 2**20 if c.memory_mb is not None else width_memory(c.memory_width) for c in self.profile.classes])
-
-    def memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
-        """(num_clients,) each client's memory budget in bytes (`class_memory_bytes` per client)."""
-        return self.class_memory_bytes(width_memory)[self.class_of]
-
-    def online(self, round: int) -> np.ndarray:
-        """(num_clients,) who is online in the round (computed once per round)."""
-        if self._online is None or self._online[0] != round:
-            chance = np.array([c.availability for c in self.profile.classes], np.float32)[self.class_of]
-            self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.class_of), np.float32) < chance)
-        return self._online[1]
-
-    def state(self, client: int, round: int) -> DeviceState:
-        cls = self.device_class(client)
-        epoch = round // self.profile.mode_period if self.profile.mode_period else 0
-        mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
-        mbps = self._bandwidth_mbps(cls, client, round)
-        online = self.always_online or bool(self.online(round)[client])
-        return DeviceState(
-            device=cls.name,
-            flops=float(cls.flops[mode]),
-            bandwidth_bps=float(mbps) * 1e6,
-            latency_s=cls.latency_ms / 1e3,
-            available=bool(online),
-        )
-
-    def _bandwidth_mbps(self, cls: DeviceClass, client: int, round: int) -> float:
-        low, high = cls.bandwidth_mbps
-        draw = rng.generator(self.seed, "bandwidth", round, client)
-        if cls.bandwidth_jitter is None:
-            return float(draw.uniform(low, high))
-        level = rng.generator(self.seed, "bandwidth-level", client=client).uniform(low, high)
-        return float(np.clip(level * np.exp(cls.bandwidth_jitter * draw.standard_normal()), low, high))
-
-    def available(self, round: int) -> Sequence[int]:
-        """The clients online in the round, in id order (a range when every device always is)."""
-        if self.always_online:
-            return range(len(self.class_of))
-        return np.flatnonzero(self.online(round))
+    energy_j_per_gflop: float = ENERGY_J_PER_GFLOP
+    energy_j_per_mb: float = ENERGY_J_PER_MB
+    battery_j: float = float("inf")
+    """Joules between charges (inf: no limit)."""

@@ -22,6 +22,7 @@ were built from (`flights.Pending`); a resumed run trains them again and goes on
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Iterator
 
 import numpy as np
@@ -29,7 +30,8 @@ import numpy as np
 from .. import rng
 from ..algorithms.messages import ClientTask, ServerState
 from .federation import Federation
-from .flights import Flight, Pending, flight_row, merge_arrivals, planned_seconds, reconfigure, staleness_columns
+from .admission import Batteries, admit, dropped, planned_seconds
+from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
 from .round import Executor, RoundOutcome, groups_of, round_row
 
@@ -41,7 +43,7 @@ def key(task: ClientTask) -> tuple[int, int]:
 class Queue:
     """The clients in flight of an asynchronous federation, and the server's state."""
 
-    def __init__(self, fed: Federation, executor: Executor, state: ServerState, now: float, pending: Pending | None):
+    def __init__(self, fed: Federation, executor: Executor, state: ServerState, now: float, pending: Pending | None, batteries: Batteries):
         cfg = fed.config.federation
         self.fed, self.executor, self.state, self.now, self.last_step = fed, executor, state, now, now
         self.capacity = cfg.concurrency
@@ -58,19 +60,26 @@ class Queue:
         self.batches: list[tuple[list[ClientTask], Callable[[], list[GroupOutcome]]] | None] = []
         self.batch_of: dict[tuple[int, int], int] = {}
         self.records: dict[tuple[int, int], Settled] = {}
-        for f in pending.flights:  # a resumed run: the same tasks, trained again
-            self.launch(f, reconfigure(fed, f, self.states))
+        self.batteries = batteries
+        self.declined: list[tuple[ClientTask, Settled, float]] = []
+        for f in pending.flights:  # a resumed run: the same tasks, trained again (or dropped again)
+            task = reconfigure(fed, f, self.states)
+            self.launch(f, task, dropped(fed, task, f.dispatched_at))
 
-    def launch(self, flight: Flight, task: ClientTask) -> None:
+    def launch(self, flight: Flight, task: ClientTask, held: Settled | None = None) -> None:
+        """A flight out: its task trains, or, dropped (`held`), arrives at its dropout untrained."""
         heapq.heappush(self.heap, (flight.arrives_at, flight.client_id, flight))
         self.tasks[key(task)] = task
-        self.unsent.append(task)
+        if held is None:
+            self.unsent.append(task)
+        else:
+            self.records[key(task)] = held
 
     def draw(self) -> int | None:
         """A client for a free slot, uniform among the eligible available clients that are
         neither in flight nor dispatched against this version (None when there is none)."""
         rnd = self.state.round + 1
-        candidates = self.fed.policy.candidates(rnd, self.fed.population.available(rnd))
+        candidates = self.fed.policy.candidates(rnd, self.fed.population.available(rnd, self.now))
         busy = {f.client_id for *_, f in self.heap} | self.this_version
         g = rng.generator(self.fed.config.seed, "async-select", self.dispatched)
         for _ in range(32):  # a large population: a few draws find a free client
@@ -89,10 +98,15 @@ class Queue:
             if client is None:
                 return
             self.dispatched += 1
-            task = self.fed.policy.configure(self.state, self.state.round + 1, [client])[0]
-            slot = min(set(range(self.capacity)) - {f.slot for *_, f in self.heap})
-            self.launch(Flight(client, self.state.round, self.now, self.now + planned_seconds(self.fed, task), slot), task)
             self.this_version.add(client)
+            task = self.fed.policy.configure(self.state, self.state.round + 1, [client])[0]
+            run, held = admit(self.fed, [task], self.now, self.batteries)
+            if held and held[0].status == "skipped":  # declined: no slot taken, recorded at the next step
+                self.declined.append((task, held[0], self.now))
+                continue
+            slot = min(set(range(self.capacity)) - {f.slot for *_, f in self.heap})
+            took = held[0].cut_s if held else planned_seconds(self.fed, task)
+            self.launch(Flight(client, self.state.round, self.now, self.now + took, slot), task, held[0] if held else None)
             self.states[self.state.round] = self.state
 
     def advance(self) -> list[Flight]:
@@ -122,7 +136,7 @@ class Queue:
             tasks, gather = self.batches[b]
             self.records.update((key(t), r) for t, r in zip(tasks, (r for g in gather() for r in g.settled)))
             self.batches[b] = None  # its tasks' weights and the executor's references go
-        self.batch_of.pop(k)
+        self.batch_of.pop(k, None)
         return self.records.pop(k)
 
     def step(self, arrived: list[Flight]) -> RoundOutcome:
@@ -132,20 +146,22 @@ class Queue:
         done = [(f, t, self.record(t), state.round - f.version) for f, t in zip(arrived, tasks)]
         new, accepted = merge_arrivals(self.fed, state, rnd, [(r.outcome, t, s) for _, t, r, s in done if r.status == "ok"])
         rows = [flight_row(self.fed, t, r, f, rnd, s) for f, t, r, s in done]
+        rows += [flight_row(self.fed, t, r, Flight(t.client_id, t.round - 1, at, at, -1), rnd, math.nan) for t, r, at in self.declined]
+        self.declined = []
         row = round_row(self.fed, new, rnd, rows, accepted, len(done), [t for _, t, _, _ in done], self.now, self.now - self.last_step, [])
         row.update(model_version=rnd, **staleness_columns([s for _, _, r, s in done if r.status == "ok"], 0))
         self.state, self.last_step, self.this_version = new, self.now, set()
         out = sorted((f for *_, f in self.heap), key=lambda f: f.key)
         self.states = {v: s for v, s in self.states.items() if any(f.version == v for f in out)}
-        return RoundOutcome(new, row, rows, Pending(tuple(out), dict(self.states), self.dispatched))
+        return RoundOutcome(new, row, rows, Pending(tuple(out), dict(self.states), self.dispatched), self.batteries.snapshot())
 
 
 class Asynchronous:
     """Server steps as arrivals fill the buffer. The tasks of the next step go out before this
     one is yielded, so the clients' hosts train while the loop evaluates and records."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None = None) -> Iterator[RoundOutcome]:
-        queue = Queue(fed, executor, state, virtual_time_s, pending)
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None, batteries: Batteries) -> Iterator[RoundOutcome]:
+        queue = Queue(fed, executor, state, virtual_time_s, pending, batteries)
         done: RoundOutcome | None = None
         while queue.state.round < fed.config.federation.rounds:
             arrived = queue.advance()

@@ -16,9 +16,11 @@ selected, until it arrives.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from ..algorithms.messages import ClientTask, ServerState
+from .admission import Batteries
 from .federation import Federation
 from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
@@ -70,16 +72,16 @@ class Deadline:
     """Rounds that close at the K-th update or the deadline. Round r + 1's tasks go out before
     round r is yielded, as in synchronous rounds."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None = None) -> Iterator[RoundOutcome]:
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None, batteries: Batteries) -> Iterator[RoundOutcome]:
         late = Late(fed, executor, pending)
         last = fed.config.federation.rounds
         if state.round >= last:
             return
-        d = dispatch(fed, state, state.round + 1, executor, late.busy())
+        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, late.busy())
         while True:
-            out = close(fed, d, state, virtual_time_s, late)
+            out = replace(close(fed, d, state, virtual_time_s, late), batteries=batteries.snapshot())
             state, virtual_time_s = out.state, out.row["virtual_time_s"]
-            following = dispatch(fed, state, d.round + 1, executor, late.busy()) if d.round < last else None
+            following = dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, late.busy()) if d.round < last else None
             yield out
             if following is None:
                 return
@@ -90,7 +92,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     """Gather the round's clients, close it at the K-th update or the deadline, aggregate the
     updates on time and the carried ones arriving by then; record each client."""
     cfg, rnd = fed.config.federation, d.round
-    records = [r for g in d.gather() for r in g.settled]
+    records = d.records()
     tasks = {t.client_id: t for t in d.tasks}
     slots = {t.client_id: k for k, t in enumerate(d.tasks)}
     arrivals = sorted(((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2])

@@ -20,7 +20,7 @@ from ..algorithms.messages import FederationContext
 from ..algorithms.vectorize import check_vectorizable
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..data import Clients, load_clients
-from ..devices import CostCache, ModelCost, Population, configured_profile
+from ..devices import CostCache, ModelCost, Population
 from ..evaluate import Evaluator
 from ..models import ModelCache, to_numpy
 from ..optim import OptimizerSpec
@@ -64,7 +64,7 @@ def build_federation(config: RunConfig) -> Federation:
     executor. Nothing here loops over the clients: a population of millions costs a few arrays."""
     algorithm = registry.get(config.algorithm.name)
     clients = load_clients(config.data, config.seed)
-    population = Population(configured_profile(config.devices), config.data.num_clients, config.seed)
+    population = Population.of(config.devices, config.data.num_clients, config.seed)
     models = ModelCache(clients.input_shape, clients.num_classes)
     probe = models.build(config.model)
     costs = CostCache()

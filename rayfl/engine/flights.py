@@ -17,10 +17,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..algorithms.aggregate import add_up
-from ..algorithms.local import epoch_samples
 from ..algorithms.messages import ClientResult, ClientTask, ServerState
 from ..algorithms.staleness import as_current
-from ..devices import client_time
 from ..types import ClientId, Round
 from .federation import Federation
 from .host import Settled
@@ -61,15 +59,6 @@ class Pending:
 def reconfigure(fed: Federation, flight: Flight, states: Mapping[int, ServerState]) -> ClientTask:
     """A flight's task, configured again from the state it was built from (as it was then)."""
     return fed.policy.configure(states[flight.version], flight.version + 1, [flight.client_id])[0]
-
-
-def planned_seconds(fed: Federation, task: ClientTask) -> float:
-    """A task's time on the virtual clock as the server can know it when dispatching: download,
-    the local epochs over the client's samples (`epoch_samples`), upload, on the client's
-    device in the task's round. Equal to the time it takes when it succeeds."""
-    n = int(fed.context.num_examples[task.client_id])
-    plan = ClientResult.of(task, weights=task.weights, num_examples=n, num_samples=task.local_epochs * epoch_samples(n, task.batch_size), train_loss=math.nan)
-    return client_time(fed.population.state(task.client_id, task.round), *fed.policy.client_cost(task, plan)).total_s
 
 
 def flight_row(fed: Federation, task: ClientTask, record: Settled, flight: Flight, rnd: Round, staleness: float) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,6 +20,7 @@ from .. import checkpoint
 from ..algorithms.messages import ServerState
 from ..config import ConfigError, RunConfig, dump_config
 from ..metrics import Recorder, TensorBoard
+from .admission import Batteries
 from .federation import Federation, build_federation
 from .round import Executor, RoundOutcome, evaluate
 from .scheduler import SCHEDULERS
@@ -62,6 +63,8 @@ class Start:
     recorder: Recorder
     pending: Any = None
     """A resumed deadline or asynchronous run's clients in flight at its checkpoint (`checkpoint.Saved.pending`)."""
+    batteries: Batteries = field(default_factory=Batteries)
+    """The devices' charge (a resumed run's at its checkpoint)."""
 
 
 def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tuple[Federation, Start]:
@@ -72,7 +75,7 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
     check_writable(run_dir)
     if resume:
         saved = checkpoint.latest(run_dir)
-        return fed, Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending)
+        return fed, Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending, saved.batteries or Batteries())
     return fed, Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
 
 
@@ -96,12 +99,12 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
         if board is not None:
             board.add(row)
         if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
-            checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending)
+            checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending, out.batteries)
         if progress is not None:
             progress(row)
 
     try:
-        for out in SCHEDULERS[fed_cfg.mode]().rounds(fed, executor, start.state, start.virtual_time_s, start.pending):
+        for out in SCHEDULERS[fed_cfg.mode]().rounds(fed, executor, start.state, start.virtual_time_s, start.pending, start.batteries.snapshot()):
             finish(out)
     finally:
         if board is not None:

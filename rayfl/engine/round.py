@@ -23,9 +23,10 @@ import numpy as np
 from ..algorithms.aggregate import add_up
 from ..algorithms.exchange import RoundDriver
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, ServerState
-from ..devices import DeviceState, client_time, round_duration
+from ..devices import client_time, round_duration, spent
 from ..types import ClientId, Round
 from .federation import Federation
+from .admission import Batteries, admit
 from .host import GroupOutcome, Settled, settle_all
 
 Pace = Callable[[GroupOutcome], float]
@@ -54,6 +55,12 @@ class Dispatched:
     tasks: list[ClientTask]
     driver: RoundDriver | None
     gather: Callable[[], list[GroupOutcome]]
+    held: list[Settled]
+    """The selected clients settled when dispatched (`admission`: declined, dropped)."""
+
+    def records(self) -> list[Settled]:
+        """Every selected client's record (waiting for the trained ones), in client-id order."""
+        return sorted([r for g in self.gather() for r in g.settled] + self.held, key=lambda r: r.outcome.client_id)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class RoundOutcome:
     clients: list[dict[str, Any]]
     pending: Any = None
     """What a scheduler checkpoints with the state besides it (the clients still in flight), or None."""
+    batteries: Batteries | None = None
+    """The devices' charge when the round settled (checkpointed with it)."""
 
 
 def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
@@ -71,17 +80,19 @@ def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
     return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
 
-def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor, busy: Collection[ClientId] = ()) -> Dispatched:
-    """Select among the available clients not `busy` (still training an earlier task),
-    configure and start the round's tasks (a server-in-the-loop round starts when gathered,
-    since its driver runs here)."""
+def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor, start: float, batteries: Batteries, busy: Collection[ClientId] = ()) -> Dispatched:
+    """At virtual time `start`, select among the clients online and not `busy` (still training an
+    earlier task), configure the round's tasks, settle those their devices decline or cannot
+    finish (`admission.admit`) and start the rest (a server-in-the-loop round starts when
+    gathered, since its driver runs here)."""
     policy, cfg = fed.policy, fed.config
-    available = fed.population.available(rnd)
+    available = fed.population.available(rnd, start)
     if busy:
         available = np.setdiff1d(np.asarray(available), np.fromiter(busy, int))
     selected = policy.select(state, rnd, available)
-    tasks = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
-    driver = policy.open_driver(state, rnd, tasks)
+    configured = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
+    tasks, held = admit(fed, configured, start, batteries)
+    driver = policy.open_driver(state, rnd, tasks) if tasks else None
     if driver is not None:
         gather = lambda: [settle_all(policy, tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))]  # noqa: E731
     else:
@@ -89,25 +100,21 @@ def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor
         if cfg.clock == "emulate":
             pace = lambda group: cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)  # noqa: E731
         gather = executor.submit(groups_of(tasks, cfg.ray.clients_per_call), pace)
-    return Dispatched(rnd, selected, tasks, driver, gather)
+    return Dispatched(rnd, selected, configured, driver, gather, held)
 
 
 def client_seconds(fed: Federation, rnd: Round, record: Settled) -> float:
-    """A client's time on the virtual clock (0 for a skipped one)."""
+    """A client's time on the virtual clock (0 for a skipped one; until it dropped for a dropped one)."""
     if record.cost is None:
         return 0.0
+    if record.cut_s is not None:
+        return record.cut_s
     return client_time(fed.population.state(record.outcome.client_id, rnd), *record.cost).total_s
-
-
-def cost_row(device: DeviceState, flops: float, bytes_down: int, bytes_up: int) -> dict[str, Any]:
-    """A client's columns of the virtual clock: FLOPs, compute and communication seconds, bytes."""
-    t = client_time(device, flops, bytes_down, bytes_up)
-    return {"flops": flops, "compute_s": t.compute_s, "comm_s": t.comm_s, "total_s": t.total_s, "bytes_down": bytes_down, "bytes_up": bytes_up}
 
 
 def client_row(fed: Federation, task: ClientTask, record: Settled) -> dict[str, Any]:
     """A client's row of `clients.parquet`: its device this round, its task's columns, its
-    outcome, its cost on the virtual clock and its result's own numbers."""
+    outcome, what it spent on the virtual clock (`devices.spent`) and its result's own numbers."""
     out = record.outcome
     device = fed.population.state(out.client_id, task.round)
     row: dict[str, Any] = {
@@ -115,7 +122,8 @@ def client_row(fed: Federation, task: ClientTask, record: Settled) -> dict[str, 
         "client_id": out.client_id,
         "device": device.device,
         "device_flops": device.flops,
-        "bandwidth_mbps": device.bandwidth_bps / 1e6,
+        "bandwidth_mbps": device.down_bps / 1e6,
+        "upload_mbps": device.up_bps / 1e6,
         **task.columns(),
         "status": record.status,
         "reason": record.reason,
@@ -125,7 +133,7 @@ def client_row(fed: Federation, task: ClientTask, record: Settled) -> dict[str, 
     else:
         row.update(num_samples=out.num_samples)
     if record.cost is not None:
-        row.update(cost_row(device, *record.cost))
+        row.update(spent(device, *record.cost, record.cut_s).columns())
     if isinstance(out, ClientResult):
         row.update(train_loss=out.train_loss, **out.metrics)
     return row
@@ -138,7 +146,7 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
     started = time.perf_counter()  # a server-in-the-loop round's exchange runs from here
     outcomes = d.gather()
     by_client = {t.client_id: t for t in d.tasks}
-    records = [r for group in outcomes for r in group.settled]
+    records = d.records()
     accepted = [r.outcome for r in records if r.status == "ok"]
     rows = [client_row(fed, by_client[r.outcome.client_id], r) for r in records]
     timed = [r for r in rows if "total_s" in r]
@@ -173,7 +181,9 @@ def round_row(
         "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
         "num_clients": len(accepted),
         "num_selected": num_selected,
-        **{f"num_{status}": sum(r["status"] == status for r in rows) for status in ("failed", "rejected", "skipped")},
+        **{f"num_{status}": sum(r["status"] == status for r in rows) for status in ("failed", "rejected", "skipped", "dropped")},
+        "energy_j": float(sum(r.get("energy_j", 0.0) for r in rows)),
+        "population": fed.population.size(virtual_time_s),
         "mean_wait_s": float(np.mean(waits)) if len(waits) else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
         "lr": fed.policy.lr(rnd),
@@ -192,6 +202,6 @@ def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
     return replace(outcome, row=row)
 
 
-def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float) -> RoundOutcome:
+def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float, batteries: Batteries | None = None) -> RoundOutcome:
     """One synchronous round, evaluated; `virtual_time_s` is the clock before it starts."""
-    return evaluate(fed, settle_round(fed, state, dispatch(fed, state, rnd, executor), virtual_time_s))
+    return evaluate(fed, settle_round(fed, state, dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries()), virtual_time_s))

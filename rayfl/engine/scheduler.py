@@ -10,9 +10,11 @@ close at the K-th update or a deadline (`deadline.Deadline`); `async`: FedAsync 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterator, Protocol
 
 from ..algorithms.messages import ServerState
+from .admission import Batteries
 from .asynchronous import Asynchronous
 from .deadline import Deadline
 from .federation import Federation
@@ -20,11 +22,12 @@ from .round import Executor, RoundOutcome, dispatch, settle_round
 
 
 class Scheduler(Protocol):
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any = None) -> Iterator[RoundOutcome]:
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any, batteries: Batteries) -> Iterator[RoundOutcome]:
         """The settled (not yet evaluated) rounds after `state`, up to `federation.rounds`, each
         with the virtual clock at its end and what to checkpoint besides the state
-        (`RoundOutcome.pending`, given back as `pending` on resume). While the loop handles a
-        yielded round, the scheduler's next clients may already be training."""
+        (`RoundOutcome.pending`, given back as `pending` on resume; `RoundOutcome.batteries`,
+        given back as `batteries`, which the scheduler's dispatches update). While the loop
+        handles a yielded round, the scheduler's next clients may already be training."""
 
 
 class Synchronous:
@@ -32,13 +35,13 @@ class Synchronous:
     Round r + 1's tasks go out before round r is yielded, so the clients' hosts never wait for
     round r's evaluation."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any = None) -> Iterator[RoundOutcome]:
+    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any, batteries: Batteries) -> Iterator[RoundOutcome]:
         done: RoundOutcome | None = None
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
-            next_round = dispatch(fed, state, rnd, executor)
+            next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries)
             if done is not None:
                 yield done
-            done = settle_round(fed, state, next_round, virtual_time_s)
+            done = replace(settle_round(fed, state, next_round, virtual_time_s), batteries=batteries.snapshot())
             state, virtual_time_s = done.state, done.row["virtual_time_s"]
         if done is not None:
             yield done

@@ -218,7 +218,7 @@ def test_partial_clients_leave_their_skipped_layers_to_the_others():
 
 
 def mkd_clients(fed, state, rnd):
-    tasks = fed.policy.configure(state, rnd, fed.policy.select(state, rnd, fed.population.available(rnd)))
+    tasks = fed.policy.configure(state, rnd, fed.policy.select(state, rnd, fed.population.available(rnd, 0.0)))
     return {t.client_id: t for t in tasks if t.peers}
 
 

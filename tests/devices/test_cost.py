@@ -40,7 +40,7 @@ def test_jetson_population_has_the_testbed_mix_and_a_100x_spread():
     assert Counter(pop.device_class(k).name for k in range(80)) == {"tx2": 30, "nx": 40, "agx": 10}
     speeds = [f for c in profile.classes for f in c.flops]
     assert max(speeds) / min(speeds) == pytest.approx(100)
-    assert all(1e6 <= pop.state(k, r).bandwidth_bps <= 30e6 for k in range(80) for r in range(1, 4))
+    assert all(1e6 <= pop.state(k, r).down_bps == pop.state(k, r).up_bps <= 30e6 for k in range(80) for r in range(1, 4))
 
 
 def test_modes_change_only_every_mode_period_rounds():
@@ -55,7 +55,7 @@ def _bandwidth_correlation(jitter: float | None) -> tuple[float, np.ndarray]:
     """Across 200 clients: the correlation of round 5's and round 6's link speeds, and all of rounds 0-9."""
     cls = {**HAND["classes"][0], "bandwidth_mbps": [1, 30], "bandwidth_jitter": jitter}
     pop = Population(DeviceProfile.model_validate({**HAND, "classes": [cls]}), 200, seed=2)
-    mbps = np.array([[pop.state(k, r).bandwidth_bps / 1e6 for r in range(10)] for k in range(200)])
+    mbps = np.array([[pop.state(k, r).down_bps / 1e6 for r in range(10)] for k in range(200)])
     return float(np.corrcoef(mbps[:, 5], mbps[:, 6])[0, 1]), mbps
 
 
@@ -83,8 +83,8 @@ def test_availability_is_seeded_per_round():
     pop = Population(profile, 200, seed=0)
     online = pop.available(3)
     assert 60 < len(online) < 140 and online.tolist() == pop.available(3).tolist() and online.tolist() != pop.available(4).tolist()
-    # A client's own state says the same as the population's vectorized draw.
-    assert [c for c in range(200) if pop.state(c, 3).available] == online.tolist()
+    # Online, a client stays so through the round: it never drops mid-task.
+    assert all(pop.until(c, 3, 0.0, 1e9) == float("inf") for c in online)
 
 
 def test_profile_errors_name_the_file_and_key(tmp_path):

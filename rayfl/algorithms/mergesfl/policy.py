@@ -81,7 +81,7 @@ class MergeSFLPolicy(SFLPolicy):
             dev = self.context.device_state(c, round)
             jitter = 1 + noise * rng.generator(self.context.seed, "mergesfl-measure", round, c).standard_normal(2)
             mu[c] = self.bottom_flops / dev.flops * max(jitter[0], 0.1)
-            beta[c] = 8 * 2 * self.feature_bytes / dev.bandwidth_bps * max(jitter[1], 0.1)
+            beta[c] = 8 * self.feature_bytes * (1 / dev.down_bps + 1 / dev.up_bps) * max(jitter[1], 0.1)
         return mu, beta
 
     def estimates(self, state: ServerState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,91 @@
+"""What a device does with a task it is sent, decided on the virtual clock before it trains
+(docs/devices.md); every scheduler calls `admit` when it dispatches.
+
+- A device with a limited battery declines a task whose planned energy exceeds what it has
+  left (status `skipped`, reason `battery`, no cost). It accepts otherwise and commits the
+  task's energy (what it spends up to a dropout, if it drops). A device that has been offline
+  since its last task comes back recharged in full.
+- A device whose online stretch ends (or which leaves the population) before its task's
+  planned end drops at that moment (status `dropped`): it is charged the time, FLOPs, bytes
+  and energy it spent until then (`devices.spent`), sends no update, and never trains (its
+  outcome is known before it would).
+
+The planned time and energy are those of the task succeeding (`planned`), what the server can
+know when it dispatches; every decision is a pure function of the population and the clock
+but for the batteries, which are checkpointed (`Batteries`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..algorithms.local import epoch_samples
+from ..algorithms.messages import ClientFailure, ClientResult, ClientTask
+from ..devices import client_time, energy_j, spent
+from .federation import Federation
+from .host import Settled
+
+
+def planned(fed: Federation, task: ClientTask) -> tuple[float, int, int]:
+    """A task's (FLOPs, bytes down, bytes up) when it succeeds: the local epochs over the
+    client's samples (`epoch_samples`), as the server knows them when it dispatches."""
+    n = int(fed.context.num_examples[task.client_id])
+    plan = ClientResult.of(task, weights=task.weights, num_examples=n, num_samples=task.local_epochs * epoch_samples(n, task.batch_size), train_loss=math.nan)
+    return fed.policy.client_cost(task, plan)
+
+
+def planned_seconds(fed: Federation, task: ClientTask) -> float:
+    """A task's time on the virtual clock when it succeeds: download, train, upload."""
+    return client_time(fed.population.state(task.client_id, task.round), *planned(fed, task)).total_s
+
+
+@dataclass
+class Batteries:
+    """Charge left (J) and the start of the online stretch it was measured in, per client that
+    has spent energy since its last charge; the others are full."""
+
+    levels: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def snapshot(self) -> "Batteries":
+        return Batteries(dict(self.levels))
+
+
+def dropped(fed: Federation, task: ClientTask, start: float) -> Settled | None:
+    """The record of a task that its device cannot finish online, dispatched at `start`
+    (None when it can)."""
+    cost = planned(fed, task)
+    c, rnd = task.client_id, task.round
+    total = client_time(fed.population.state(c, rnd), *cost).total_s
+    end = fed.population.until(c, rnd, start, start + total)
+    if end >= start + total:
+        return None
+    reason = f"went offline at {end:.3f} s, {end - start:.3f} s into a {total:.3f} s task"
+    return Settled(ClientFailure.of(task, reason), "dropped", reason, cost, cut_s=end - start)
+
+
+def admit(fed: Federation, tasks: Sequence[ClientTask], start: float, batteries: Batteries) -> tuple[list[ClientTask], list[Settled]]:
+    """The tasks that go out to train, and the records of those settled here: declined for the
+    battery, or dropped. Commits the energy of each accepted task to its battery."""
+    run, held = [], []
+    for task in tasks:
+        record = dropped(fed, task, start)
+        c = task.client_id
+        device = fed.population.state(c, task.round)
+        if device.battery_j < math.inf:
+            since = fed.population.since(c, task.round, start)
+            left, seen = batteries.levels.get(c, (device.battery_j, since))
+            left = device.battery_j if seen != since else left
+            cost = planned(fed, task)
+            need = energy_j(device, cost[0], cost[1] + cost[2])
+            if need > left:
+                reason = f"battery: the task needs {need:.1f} J, {left:.1f} J left"
+                held.append(Settled(ClientFailure.of(task, reason, skipped=True), "skipped", reason, None))
+                continue
+            batteries.levels[c] = (left - spent(device, *cost, record.cut_s if record else None).energy_j, since)
+        if record is not None:
+            held.append(record)
+        else:
+            run.append(task)
+    return run, held
