@@ -170,6 +170,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_traces(args: argparse.Namespace) -> int:
+    from .devices.trace import generate_trace, load_trace, write_trace
+
+    if args.action == "generate":
+        if args.devices < 1 or args.days < 1:
+            raise ConfigError(f"--devices {args.devices} --days {args.days}: both must be at least 1")
+        devices, intervals = generate_trace(args.devices, args.seed, args.days)
+    else:
+        from .devices.fedscale import import_fedscale
+
+        devices, intervals = import_fedscale(args.capacity, args.behaviour, args.reference_flops, args.memory_mb)
+    out = write_trace(devices, intervals, args.out)
+    trace = load_trace(out, need_intervals=True)
+    print(f"{out}: {len(trace.devices)} devices, {len(trace.intervals)} online intervals (devices.trace: {out})")
+    return 0
+
+
 class Parser(argparse.ArgumentParser):
     """Whole option names only (an abbreviation such as ``--config`` must not silently mean the hidden
     ``--config-yaml``), and a usage error is one line, exit 2, like every other bad input."""
@@ -226,6 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--rounds", metavar="A-B", help="only these rounds (server steps), e.g. 1-5 (default: all)")
     timeline.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/timeline.png)")
     timeline.set_defaults(func=cmd_timeline)
+
+    traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
+    actions = traces.add_subparsers(dest="action", required=True)
+    gen = actions.add_parser("generate", help="write a realistic synthetic trace (no network needed)")
+    gen.add_argument("--devices", type=int, required=True, metavar="N")
+    gen.add_argument("--days", type=int, default=7, help="days of diurnal intervals (they repeat after; default 7)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True, metavar="DIR")
+    fs = actions.add_parser("import-fedscale", help="convert FedScale's client_device_capacity and client_behave_trace pickles")
+    fs.add_argument("capacity", metavar="CAPACITY_FILE")
+    fs.add_argument("behaviour", metavar="BEHAVE_FILE")
+    fs.add_argument("--out", required=True, metavar="DIR")
+    fs.add_argument("--reference-flops", type=float, default=6.0e8, help="forward FLOPs per sample of the model FedScale's latencies stand for (default MobileNetV2's)")
+    fs.add_argument("--memory-mb", type=float, default=1024.0, help="every device's memory budget, MiB (FedScale's files have none)")
+    traces.set_defaults(func=cmd_traces)
     return parser
 
 

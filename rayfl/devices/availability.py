@@ -38,6 +38,9 @@ class Bernoulli:
         self._online: tuple[int, np.ndarray] | None = None
         self._since: tuple[int, np.ndarray] | None = None
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_online": None, "_since": None}  # caches stay where they were computed
+
     def online(self, round: int, t: float) -> np.ndarray:
         if self._online is None or self._online[0] != round:
             self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.chance), np.float32) < self.chance)
@@ -67,6 +70,11 @@ class Diurnal:
         self._phase: np.ndarray | None = None
         self._step = -1
         self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+
+    def __getstate__(self) -> dict:
+        """What is shipped to other processes: the model, never the chain computed so far
+        (arrays read from Ray's object store are read-only)."""
+        return {"cfg": self.cfg, "n": self.n, "seed": self.seed, "q": self.q, "_phase": None, "_step": -1, "log": None}
 
     @property
     def phase(self) -> np.ndarray:
@@ -155,6 +163,9 @@ class TraceWindows:
         self.dev, self.frm, self.to = dev[order], frm[order], to[order]
         self.period = period_s
         self._online: tuple[float, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_online": None}
 
     def _window(self, m: int, t: float) -> tuple[float, float] | None:
         """The interval of device m holding t, in absolute time (None: offline)."""

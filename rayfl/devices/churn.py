@@ -22,15 +22,23 @@ from ..config_devices import PopulationConfig
 
 class Churn:
     def __init__(self, cfg: PopulationConfig, num_clients: int, seed: int):
-        self.seed, self.n = seed, num_clients
+        self.cfg, self.seed, self.n = cfg, seed, num_clients
         self.initial = cfg.initial or num_clients
-        self.arrived_at = np.zeros(num_clients)
-        self.arrived_at[self.initial :] = np.inf
-        if cfg.arrivals_per_hour > 0:
-            gaps = rng.generator(seed, "arrivals").exponential(3600 / cfg.arrivals_per_hour, num_clients - self.initial)
-            self.arrived_at[self.initial :] = np.cumsum(gaps)
-        self.departed_at = np.full(num_clients, np.inf)
         self.gap = 3600 / cfg.departures_per_hour if cfg.departures_per_hour > 0 else math.inf
+        self.__setstate__(self.__dict__)
+
+    def __getstate__(self) -> dict:
+        """What is shipped to other processes: the model, never the events computed so far."""
+        return {k: self.__dict__[k] for k in ("cfg", "seed", "n", "initial", "gap")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.arrived_at = np.zeros(self.n)
+        self.arrived_at[self.initial :] = np.inf
+        if self.cfg.arrivals_per_hour > 0:
+            gaps = rng.generator(self.seed, "arrivals").exponential(3600 / self.cfg.arrivals_per_hour, self.n - self.initial)
+            self.arrived_at[self.initial :] = np.cumsum(gaps)
+        self.departed_at = np.full(self.n, np.inf)
         self.departures = 0
         self.next_departure = self._gap(0)
 

@@ -76,6 +76,8 @@ def import_fedscale(
     keys = list(beh)
     rows, spans = [], []
     for i, (cid, entry) in enumerate(cap.items()):
+        if not isinstance(cid, int):
+            raise ConfigError(f"{capacity}: client {cid!r}: client ids must be whole numbers")
         e = _entry(capacity, cid, entry, ("computation", "communication"))
         b = _entry(behaviour, keys[i % len(keys)], beh[keys[i % len(keys)]], ("active", "inactive", "finish_time"))
         if not (isinstance(e["computation"], (int, float)) and e["computation"] > 0 and isinstance(e["communication"], (int, float)) and e["communication"] > 0):

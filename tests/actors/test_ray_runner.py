@@ -9,6 +9,7 @@ import pytest
 from rayfl import api
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.test_dropouts import DEVICES
 
 pytestmark = pytest.mark.ray
 
@@ -198,6 +199,9 @@ TIMED = {
     "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.async.concurrency=4"],
     # HeteroFL's count aggregation over FedBuff's buffer of width sub-models
     "heterofl-fedbuff": ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
+    # devices that come and go: diurnal sessions of 2 minutes, batteries, arrivals and departures
+    "sync-devices": DEVICES,
+    "fedbuff-devices": [*DEVICES, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
 }
 
 
@@ -217,9 +221,12 @@ def timed_reference(tmp_path_factory):
     return get
 
 
-# FedAvg's deadline rounds and FedBuff on 1, 2 and 3 actors; FedAsync and HeteroFL on 2. The
+# FedAvg's deadline rounds and FedBuff on 1, 2 and 3 actors; FedAsync, HeteroFL and devices that come and go on 2. The
 # actors take 2 clients a call (in process 5): outside sync rounds updates come back whole.
-@pytest.mark.parametrize("name, actors, cpus", [*((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))), ("fedasync", 2, 1.0), ("heterofl-fedbuff", 2, 1.0)])
+@pytest.mark.parametrize(
+    "name, actors, cpus",
+    [*((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))), *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices"))],
+)
 def test_deadline_and_async_runs_on_ray_equal_in_process(ray_cluster, timed_reference, tmp_path, name, actors, cpus):
     cfg, (metrics, clients) = timed_reference(name)
     cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"num_actors": actors, "cpus_per_actor": cpus, "clients_per_call": 2})})
