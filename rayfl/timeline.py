@@ -7,11 +7,12 @@ replacement takes over. Each client's task is drawn
 as its download, compute and upload, then the time it waits for its round to close (in a
 round-based run; an asynchronous client's slot is refilled when it arrives); a late
 client is hatched and outlined in red (it ends after its round closed), a failed one outlined in
-black, a skipped one not drawn. Vertical lines mark the server's steps. An asynchronous run gets
+black, a dropped one (its device went offline mid-task: it ends there) cross-hatched in green, a
+skipped one not drawn. Vertical lines mark the server's steps. An asynchronous run gets
 a second panel: the histogram of its updates' staleness.
 
 The segments come from `clients.parquet`: compute_s; the download and upload from bytes_down,
-bytes_up and the bandwidth, the link latency (comm_s less the transfer times) split between
+bytes_up and the download and upload bandwidths, the link latency (comm_s less the transfer times) split between
 them. A synchronous run has no dispatch times recorded: its clients start as the round does.
 """
 
@@ -27,6 +28,11 @@ from .config import ConfigError
 from .metrics import read_metrics
 
 COLORS = {"download": "#4c72b0", "compute": "#dd8452", "upload": "#8172b3", "waiting": "#d9d9d9"}
+MARKS = {  # how a task that sent no update on time is outlined
+    "late": dict(edgecolor="#c44e52", hatch="///", linewidth=1.2),
+    "failed": dict(edgecolor="black", linewidth=1.2),
+    "dropped": dict(edgecolor="#2ca02c", hatch="xx", linewidth=1.2),
+}
 
 
 def parse_rounds(text: str | None, last: int) -> tuple[int, int]:
@@ -59,7 +65,8 @@ def segments(run_dir: str | Path, rounds: str | None = None) -> tuple[pd.DataFra
     if "dispatched_at" not in c:  # synchronous rounds: everyone starts with the round
         c["dispatched_at"] = c["round"].map(dict(zip(metrics["round"], metrics["virtual_time_s"] - metrics["round_time_s"])))
     bps = c["bandwidth_mbps"] * 1e6
-    latency = (c["comm_s"] - 8 * (c["bytes_down"] + c["bytes_up"]) / bps).clip(lower=0) / 2
+    up_bps = c["upload_mbps"] * 1e6 if "upload_mbps" in c else bps  # runs before up and down links differed
+    latency = (c["comm_s"] - 8 * c["bytes_down"] / bps - 8 * c["bytes_up"] / up_bps).clip(lower=0) / 2
     c["start"] = c["dispatched_at"]
     c["compute_at"] = c["start"] + 8 * c["bytes_down"] / bps + latency
     c["upload_at"] = c["compute_at"] + c["compute_s"]
@@ -113,7 +120,7 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     waiting = c.iloc[:0] if asynchronous else c[c["closes"] > c["end"]]  # async: the slot is refilled at once
     for y, rows in waiting.groupby("slot"):
         ax.broken_barh(list(zip(rows["end"], rows["closes"] - rows["end"])), (y - height / 2, height), facecolors=COLORS["waiting"], linewidth=0)
-    for status, style in {"late": dict(edgecolor="#c44e52", hatch="///", linewidth=1.2), "failed": dict(edgecolor="black", linewidth=1.2)}.items():
+    for status, style in MARKS.items():
         marked = c[c["status"] == status]
         for y, rows in marked.groupby("slot"):
             ax.broken_barh(list(zip(rows["start"], rows["end"] - rows["start"])), (y - height / 2, height), facecolors="none", **style)
@@ -124,8 +131,8 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     ax.set_ylabel("client slot")
     ax.set_xlabel("virtual time (s); dotted: server steps")
     handles = [Patch(facecolor=v, label=k) for k, v in COLORS.items() if not (asynchronous and k == "waiting")]
-    handles += [Patch(facecolor="none", edgecolor="#c44e52", hatch="///", label="late"), Patch(facecolor="none", edgecolor="black", label="failed")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=6, frameon=False)
+    handles += [Patch(facecolor="none", label=status, **style) for status, style in MARKS.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=7, frameon=False)
     lo, hi = int(metrics["round"].min()), int(metrics["round"].max())
     ax.set_title(f"{Path(run_dir).name}: rounds {lo}-{hi}")
     if asynchronous:
