@@ -198,6 +198,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"rayfl: error: {message}\n")
 
 
+def add_traces(sub: argparse._SubParsersAction) -> None:
+    """`rayfl traces generate | import-fedscale`."""
+    traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
+    actions = traces.add_subparsers(dest="action", required=True)
+    gen = actions.add_parser("generate", help="write a realistic synthetic trace (no network needed)")
+    gen.add_argument("--devices", type=int, required=True, metavar="N")
+    gen.add_argument("--days", type=int, default=7, help="days of diurnal intervals (they repeat after; default 7)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True, metavar="DIR")
+    fs = actions.add_parser("import-fedscale", help="convert FedScale's client_device_capacity and client_behave_trace pickles")
+    fs.add_argument("capacity", metavar="CAPACITY_FILE")
+    fs.add_argument("behaviour", metavar="BEHAVE_FILE")
+    fs.add_argument("--out", required=True, metavar="DIR")
+    fs.add_argument("--reference-flops", type=float, default=6.0e8, help="forward FLOPs per sample of the model FedScale's latencies stand for (default MobileNetV2's)")
+    fs.add_argument("--memory-mb", type=float, default=1024.0, help="every device's memory budget, MiB (FedScale's files have none)")
+    traces.set_defaults(func=cmd_traces)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rayfl", description="Federated learning over heterogeneous devices on Ray")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -244,20 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/timeline.png)")
     timeline.set_defaults(func=cmd_timeline)
 
-    traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
-    actions = traces.add_subparsers(dest="action", required=True)
-    gen = actions.add_parser("generate", help="write a realistic synthetic trace (no network needed)")
-    gen.add_argument("--devices", type=int, required=True, metavar="N")
-    gen.add_argument("--days", type=int, default=7, help="days of diurnal intervals (they repeat after; default 7)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", required=True, metavar="DIR")
-    fs = actions.add_parser("import-fedscale", help="convert FedScale's client_device_capacity and client_behave_trace pickles")
-    fs.add_argument("capacity", metavar="CAPACITY_FILE")
-    fs.add_argument("behaviour", metavar="BEHAVE_FILE")
-    fs.add_argument("--out", required=True, metavar="DIR")
-    fs.add_argument("--reference-flops", type=float, default=6.0e8, help="forward FLOPs per sample of the model FedScale's latencies stand for (default MobileNetV2's)")
-    fs.add_argument("--memory-mb", type=float, default=1024.0, help="every device's memory budget, MiB (FedScale's files have none)")
-    traces.set_defaults(func=cmd_traces)
+    add_traces(sub)
     return parser
 
 
