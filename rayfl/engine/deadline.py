@@ -92,7 +92,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     """Gather the round's clients, close it at the K-th update or the deadline, aggregate the
     updates on time and the carried ones arriving by then; record each client."""
     cfg, rnd = fed.config.federation, d.round
-    records = d.records()
+    records = d.records(d.gather())
     tasks = {t.client_id: t for t in d.tasks}
     slots = {t.client_id: k for k, t in enumerate(d.tasks)}
     arrivals = sorted(((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2])

@@ -58,9 +58,9 @@ class Dispatched:
     held: list[Settled]
     """The selected clients settled when dispatched (`admission`: declined, dropped)."""
 
-    def records(self) -> list[Settled]:
-        """Every selected client's record (waiting for the trained ones), in client-id order."""
-        return sorted([r for g in self.gather() for r in g.settled] + self.held, key=lambda r: r.outcome.client_id)
+    def records(self, outcomes: Sequence[GroupOutcome]) -> list[Settled]:
+        """Every selected client's record, given its groups' outcomes (`gather()`), in client-id order."""
+        return sorted([r for g in outcomes for r in g.settled] + self.held, key=lambda r: r.outcome.client_id)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
     started = time.perf_counter()  # a server-in-the-loop round's exchange runs from here
     outcomes = d.gather()
     by_client = {t.client_id: t for t in d.tasks}
-    records = d.records()
+    records = d.records(outcomes)
     accepted = [r.outcome for r in records if r.status == "ok"]
     rows = [client_row(fed, by_client[r.outcome.client_id], r) for r in records]
     timed = [r for r in rows if "total_s" in r]
