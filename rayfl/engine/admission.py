@@ -10,7 +10,7 @@
   and energy it spent until then (`devices.spent`), sends no update, and never trains (its
   outcome is known before it would).
 
-The planned time and energy are those of the task succeeding (`planned`), what the server can
+The planned time and energy are those of the task succeeding (`plan`), what the server can
 know when it dispatches; every decision is a pure function of the population and the clock
 but for the batteries, which are checkpointed (`Batteries`).
 """
@@ -23,22 +23,34 @@ from typing import Sequence
 
 from ..algorithms.local import epoch_samples
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask
-from ..devices import client_time, energy_j, spent
+from ..devices import DeviceState, client_time, energy_j, spent
 from .federation import Federation
 from .host import Settled
 
 
-def planned(fed: Federation, task: ClientTask) -> tuple[float, int, int]:
-    """A task's (FLOPs, bytes down, bytes up) when it succeeds: the local epochs over the
-    client's samples (`epoch_samples`), as the server knows them when it dispatches."""
+@dataclass(frozen=True)
+class Plan:
+    """A task as the server can know it when it dispatches: the client's device in the task's
+    round, and the task's (FLOPs, bytes down, bytes up) when it succeeds (the local epochs over
+    the client's samples, `epoch_samples`)."""
+
+    device: DeviceState
+    cost: tuple[float, int, int]
+
+    @property
+    def seconds(self) -> float:
+        return client_time(self.device, *self.cost).total_s
+
+
+def plan(fed: Federation, task: ClientTask) -> Plan:
     n = int(fed.context.num_examples[task.client_id])
-    plan = ClientResult.of(task, weights=task.weights, num_examples=n, num_samples=task.local_epochs * epoch_samples(n, task.batch_size), train_loss=math.nan)
-    return fed.policy.client_cost(task, plan)
+    done = ClientResult.of(task, weights=task.weights, num_examples=n, num_samples=task.local_epochs * epoch_samples(n, task.batch_size), train_loss=math.nan)
+    return Plan(fed.population.state(task.client_id, task.round), fed.policy.client_cost(task, done))
 
 
 def planned_seconds(fed: Federation, task: ClientTask) -> float:
     """A task's time on the virtual clock when it succeeds: download, train, upload."""
-    return client_time(fed.population.state(task.client_id, task.round), *planned(fed, task)).total_s
+    return plan(fed, task).seconds
 
 
 @dataclass
@@ -52,17 +64,16 @@ class Batteries:
         return Batteries(dict(self.levels))
 
 
-def dropped(fed: Federation, task: ClientTask, start: float) -> Settled | None:
+def dropped(fed: Federation, task: ClientTask, start: float, planned: Plan | None = None) -> Settled | None:
     """The record of a task that its device cannot finish online, dispatched at `start`
     (None when it can)."""
-    cost = planned(fed, task)
-    c, rnd = task.client_id, task.round
-    total = client_time(fed.population.state(c, rnd), *cost).total_s
-    end = fed.population.until(c, rnd, start, start + total)
+    planned = planned or plan(fed, task)
+    total = planned.seconds
+    end = fed.population.until(task.client_id, task.round, start, start + total)
     if end >= start + total:
         return None
     reason = f"went offline at {end:.3f} s, {end - start:.3f} s into a {total:.3f} s task"
-    return Settled(ClientFailure.of(task, reason), "dropped", reason, cost, cut_s=end - start)
+    return Settled(ClientFailure.of(task, reason), "dropped", reason, planned.cost, cut_s=end - start)
 
 
 def admit(fed: Federation, tasks: Sequence[ClientTask], start: float, batteries: Batteries) -> tuple[list[ClientTask], list[Settled]]:
@@ -70,20 +81,19 @@ def admit(fed: Federation, tasks: Sequence[ClientTask], start: float, batteries:
     battery, or dropped. Commits the energy of each accepted task to its battery."""
     run, held = [], []
     for task in tasks:
-        record = dropped(fed, task, start)
-        c = task.client_id
-        device = fed.population.state(c, task.round)
+        planned = plan(fed, task)
+        record = dropped(fed, task, start, planned)
+        c, device = task.client_id, planned.device
         if device.battery_j < math.inf:
             since = fed.population.since(c, task.round, start)
             left, seen = batteries.levels.get(c, (device.battery_j, since))
             left = device.battery_j if seen != since else left
-            cost = planned(fed, task)
-            need = energy_j(device, cost[0], cost[1] + cost[2])
+            need = energy_j(device, planned.cost[0], planned.cost[1] + planned.cost[2])
             if need > left:
                 reason = f"battery: the task needs {need:.1f} J, {left:.1f} J left"
                 held.append(Settled(ClientFailure.of(task, reason, skipped=True), "skipped", reason, None))
                 continue
-            batteries.levels[c] = (left - spent(device, *cost, record.cut_s if record else None).energy_j, since)
+            batteries.levels[c] = (left - spent(device, *planned.cost, record.cut_s if record else None).energy_j, since)
         if record is not None:
             held.append(record)
         else:

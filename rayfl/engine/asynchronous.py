@@ -1,7 +1,7 @@
 """Asynchronous federations (`federation.mode: async`): FedAsync and FedBuff on the virtual clock.
 
 `concurrency` clients are always in flight. A client dispatched at virtual time t against model
-version v arrives at t + its planned time (`flights.planned_seconds`: download, local epochs,
+version v arrives at t + its planned time (`admission.planned_seconds`: download, local epochs,
 upload on its device); arrivals are taken from a min-heap in order of time, ties broken by
 client id. Each arrival joins the buffer and its slot is filled again at once by a client drawn
 uniformly, keyed by (seed, dispatch number), among the eligible available clients neither in
