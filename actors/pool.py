@@ -69,6 +69,7 @@ def wait_for_actors(
     for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
     actor whose constructor failed raises here."""
     refs = [a.info.remote() if federation_ref is None else a.warm.remote([federation_ref]) for a in actors]
+    owner = dict(zip(refs, actors))
     started = time.monotonic()
     while True:
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=every_s)
@@ -80,7 +81,21 @@ def wait_for_actors(
         free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
         if waited >= timeout_s:
             raise RuntimeError(f"{len(pending)} of {len(refs)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})")
-        report(f"waiting {waited:.0f} s for {len(pending)} of {len(refs)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
+        unplaced = sum(not placed(owner[ref]) for ref in pending)  # the others are placed, starting or warming up
+        if unplaced:
+            report(f"waiting {waited:.0f} s for {unplaced} of {len(refs)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
+
+
+def placed(actor: ray.actor.ActorHandle) -> bool:
+    """Whether Ray has given the actor a worker process (its constructor may still be running).
+    Read from the GCS's actor table (`ray._private.state`: the public State API needs the
+    dashboard); an actor Ray cannot say anything about counts as unplaced."""
+    from ray._private import state
+
+    try:
+        return int(state.actors(actor._actor_id.hex()).get("Pid", 0)) > 0
+    except Exception:  # noqa: BLE001 - an internal table: any failure means "unknown"
+        return False
 
 
 class RayExecutor:

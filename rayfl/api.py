@@ -25,14 +25,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("rayfl")
 
 
-def connect(address: str | None, dashboard: bool) -> bool:
+def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster sized to the machine, with the
-    dashboard on 127.0.0.1 if asked. Returns whether this call connected (and should disconnect)."""
+    dashboard on 127.0.0.1 if asked; Ray's log lines and the workers' output only when `verbose`.
+    Returns whether this call connected (and should disconnect)."""
     import ray
 
     if ray.is_initialized():
         return False
-    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)  # rayfl speaks in its own lines
+    quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl speaks in its own lines
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, **quiet)
     else:

@@ -18,8 +18,7 @@ from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
-from .config import ConfigError
-from .loader import apply_overrides, load_config, parse_config
+from .configbase import ConfigError
 
 
 class ProgressBar:
@@ -68,12 +67,14 @@ class RayNotices(io.TextIOBase):
 
 
 def _config(args: argparse.Namespace):
+    from .loader import load_config, parse_config, with_overrides
+
     if getattr(args, "resume", None):
         if args.config:
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
         return load_config(Path(args.resume) / "config.yaml", args.set)
     if getattr(args, "config_yaml", None) is not None:
-        return parse_config(apply_overrides(yaml.safe_load(args.config_yaml) or {}, args.set))
+        return parse_config(with_overrides(yaml.safe_load(args.config_yaml) or {}, args.set))
     return load_config(args.config, args.set)
 
 
@@ -101,26 +102,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .algorithms import registry as algorithms
-    from .data import sources
-    from .devices import builtin_profiles, load_profile
-    from .models import families
+    """The catalog (`rayfl/catalog.py`): no torch import, so it answers at once."""
+    from . import catalog
 
-    print("algorithms:")
-    for name, alg in sorted(algorithms.algorithms().items()):
-        print(f"  {name:<14} {alg.summary}")
-    print("datasets:")
-    for name, src in sorted(sources().items()):
-        print(f"  {name:<14} {src.summary}")
-    print("models:")
-    for name, fam in sorted(families().items()):
-        print(f"  {name:<14} {fam.summary}")
-    print("device profiles:")
-    for name in sorted(builtin_profiles()):
-        prof = load_profile(name)
-        mix = ", ".join(f"{c.name} {c.proportion:g}" for c in prof.classes)
-        modes = f"modes re-drawn every {prof.mode_period} rounds" if prof.mode_period else "fixed modes"
-        print(f"  {name:<14} {mix}; {modes}")
+    profiles = {}
+    for name, prof in catalog.profiles().items():
+        mix = ", ".join(f"{c['name']} {c.get('proportion', 1):g}" for c in prof["classes"])
+        profiles[name] = f"{mix}; " + (f"modes re-drawn every {prof['mode_period']} rounds" if prof.get("mode_period") else "fixed modes")
+    tables = {"algorithms": catalog.ALGORITHMS, "datasets": catalog.DATASETS, "models": catalog.MODELS, "device profiles": profiles}
+    width = max(len(name) for table in tables.values() for name in table)
+    for title, table in tables.items():
+        print(f"{title}:")
+        for name, summary in sorted(table.items()):
+            print(f"  {name:<{width}}  {summary}")
     return 0
 
 
@@ -155,7 +149,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tune.spec import load_experiment
 
     exp = load_experiment(args.tune, args.set)  # every search spec checked before Ray starts
-    out = run_experiment(exp, resume=args.resume, address=args.address)
+    out = run_experiment(exp, resume=args.resume, address=args.address, verbose=args.verbose)
     table, best = out["table"], out["best"]
     metric = f"final_{exp.spec.metric}"
     print(table.drop(columns=["run_dir"]).to_string(index=False))
@@ -244,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config")
     tune.add_argument("--resume", action="store_true", help="restore the interrupted experiment and finish it")
     tune.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    tune.add_argument("--verbose", action="store_true", help="Tune's status tables and Ray's log lines (default: a bar of trials and the final table)")
     tune.set_defaults(func=cmd_tune)
 
     sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)

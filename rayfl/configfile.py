@@ -7,12 +7,14 @@ values; `format_error` turns pydantic's errors into `ConfigError`'s one line (ra
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from .catalog import closest
 from .config import ConfigError
 
 
@@ -33,8 +35,22 @@ def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
     return out
 
 
-def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -> str:
-    """One line naming the first offending key, e.g. `federation.lr: Input should be greater than 0`."""
+def known_keys(schema: type[BaseModel], parts: list[str]) -> set[str]:
+    """The keys the schema accepts at the mapping `parts` leads to (every branch of a union)."""
+    models: list[type[BaseModel]] = [schema]
+    for part in parts:
+        inner = []
+        for model in models:
+            field = model.model_fields.get(part)
+            if field is not None:
+                inner += [t for t in (typing.get_args(field.annotation) or (field.annotation,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        models = inner
+    return {name for model in models for name in model.model_fields}
+
+
+def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix: tuple[str, ...] = ()) -> str:
+    """One line naming the first offending key, e.g. `federation.lr: Input should be greater than 0`;
+    an unknown key with the closest known one (`federation.rouns: unknown key (did you mean 'rounds'?)`)."""
     errors = err.errors()
     first = errors[0]
     loc = _clean_loc(first["loc"], raw)
@@ -43,7 +59,10 @@ def format_error(err: ValidationError, raw: Any, prefix: tuple[str, ...] = ()) -
     messages: list[str] = []
     for e in errors:  # the branches of a union fail together at one key: say what each wanted
         if _clean_loc(e["loc"], raw) == _clean_loc(first["loc"], raw):
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                loc_e = _clean_loc(e["loc"], raw)
+                msg = "unknown key" + closest(loc_e[-1], known_keys(schema, loc_e[:-1])) if loc_e else "unknown key"
             if msg not in messages:
                 messages.append(msg)
     where = ".".join([*prefix, *loc])

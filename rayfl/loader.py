@@ -36,7 +36,7 @@ def _section(raw: Mapping[str, Any], name: str, lookup, default: str) -> BaseMod
     try:
         return cls.model_validate({**section, "name": kind})
     except ValidationError as exc:
-        raise ConfigError(format_error(exc, section, (name,))) from None
+        raise ConfigError(format_error(exc, section, cls, (name,))) from None
 
 
 def default_model(raw: Mapping[str, Any]) -> str:
@@ -66,6 +66,19 @@ def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: 
     return out
 
 
+def with_default_profile(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with the algorithm's declared default device profile when the config names neither
+    a profile nor a trace (FeDepth takes its memory scenario `fedepth_fair`, not `jetson`, whose
+    budgets fit every model)."""
+    alg = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
+    devices = raw.get("devices", {}) if isinstance(raw.get("devices", {}), Mapping) else None
+    name = alg.get("name", RunConfig.model_fields["algorithm"].default.name)
+    declared = algorithms.get(name).default_profile if name in algorithms.algorithms() else None
+    if declared is None or devices is None or "profile" in devices or devices.get("trace") is not None:
+        return dict(raw)
+    return {**raw, "devices": {**devices, "profile": declared}}
+
+
 def with_source_partition(raw: Mapping[str, Any]) -> dict[str, Any]:
     """`raw` with the data source's own partition kind when it names none (a generated
     federation such as `synthetic` partitions `natural`ly)."""
@@ -84,14 +97,14 @@ def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     raw = dict(raw or {})
     if not all(isinstance(k, str) for k in raw):
         raise ConfigError("<config>: keys must be strings")
-    raw = with_default_tags(with_source_partition(raw), RunConfig, RunConfig())
+    raw = with_default_tags(with_source_partition(with_default_profile(raw)), RunConfig, RunConfig())
     parsed = dict(raw)
     parsed["model"] = _section(raw, "model", models.config_class, default_model(raw))
     parsed["algorithm"] = _section(raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name)
     try:
         config = RunConfig.model_validate(parsed)
     except ValidationError as exc:
-        raise ConfigError(format_error(exc, raw)) from None
+        raise ConfigError(format_error(exc, raw, RunConfig)) from None
     algorithms.check_mode(config.algorithm.name, config.federation.mode)
     algorithms.get(config.algorithm.name).policy.check_config(config)  # options it cannot honour
     return config
@@ -142,7 +155,38 @@ def _copy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
 
 
+PATHS = {("data", "data_dir"): True, ("model", "init_weights"): True, ("devices", "trace"): True, ("devices", "profile"): False, ("data", "path"): False}
+"""The config keys that name files or folders: key -> always a path (True), or a path only where
+one exists, else a name (a built-in device profile, a Hugging Face hub id)."""
+
+
+def absolute_paths(raw: Mapping[str, Any], folder: str | Path) -> dict[str, Any]:
+    """`raw` with each relative path of `PATHS` made absolute against `folder` (a config file's
+    own folder, or the working directory for `--set` values), so a config means the same from
+    any working directory and a run's `config.yaml` stores absolute paths."""
+    out = _copy(raw)
+    for (section, key), always in PATHS.items():
+        node = out.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+            continue
+        candidate = (Path(folder) / value).resolve()
+        if always or candidate.exists():
+            node[key] = str(candidate)
+    return out
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping, its relative paths read against the file's folder."""
+    return absolute_paths(read_yaml(path), Path(path).expanduser().resolve().parent)
+
+
+def with_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set` overrides applied, relative paths (given with `--set`) read against the working directory."""
+    return absolute_paths(apply_overrides(raw, overrides), Path.cwd())
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Config file (or the embedded default when None) plus `--set` overrides -> `RunConfig`."""
-    raw = read_yaml(path) if path is not None else {}
-    return parse_config(apply_overrides(raw, overrides or []))
+    raw = read_config(path) if path is not None else {}
+    return parse_config(with_overrides(raw, overrides or []))

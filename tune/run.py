@@ -120,12 +120,10 @@ def scheduler(exp: Experiment) -> Any:
         return None
     from ray.tune.schedulers import ASHAScheduler
 
-    kind, arg = exp.domains.get("federation.rounds", ("grid", [exp.base_config.federation.rounds]))
-    max_t = max(arg) if kind in ("grid", "choice") else arg[1]
     return ASHAScheduler(
         time_attr="round",
-        max_t=max_t,
-        grace_period=exp.spec.scheduler.grace_period,
+        max_t=exp.max_rounds,
+        grace_period=exp.grace_period,
         reduction_factor=exp.spec.scheduler.reduction_factor,
     )
 
@@ -253,14 +251,51 @@ def write_results(exp: Experiment, grid: Any) -> dict[str, Any]:
     return out
 
 
-def run_experiment(exp: Experiment, resume: bool = False, address: str | None = None, verbose: int = 1) -> dict[str, Any]:
-    """Fit (or, with `resume`, restore and finish) the experiment, then write its results."""
+class TrialBar(tune.Callback):
+    """A tqdm bar of trials ended (finished, stopped early or failed), with the best metric so far:
+    what `rayfl tune` shows instead of Tune's status tables (those come with `--verbose`)."""
+
+    def __init__(self, exp: Experiment, total: int):
+        self.metric, self.better = exp.spec.metric, (max if exp.spec.direction == "max" else min)
+        self.total, self.bar, self.best = total, None, None
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        value = result.get(self.metric)
+        if value is not None and not math.isnan(value):
+            self.best = value if self.best is None else self.better(self.best, value)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=self.total, unit="trial", dynamic_ncols=True)
+        if self.best is not None:
+            self.bar.set_postfix({f"best {self.metric}": f"{self.best:.4f}"}, refresh=False)
+        self.bar.update(1)
+
+    on_trial_error = on_trial_complete
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def num_trials(exp: Experiment) -> int:
+    """Trials of the experiment: the grid's points times `num_samples`."""
+    return math.prod(len(arg) for kind, arg in exp.domains.values() if kind == "grid") * exp.spec.num_samples
+
+
+def run_experiment(exp: Experiment, resume: bool = False, address: str | None = None, verbose: bool = False) -> dict[str, Any]:
+    """Fit (or, with `resume`, restore and finish) the experiment, then write its results. Quiet
+    unless `verbose`: a bar of trials, no Tune status tables, no Ray log lines."""
     if resume and not tune.Tuner.can_restore(str(exp.dir)):
         raise ConfigError(f"--resume: {exp.dir} holds no Tune experiment to restore")
     if not resume and exp.dir.exists():
         raise ConfigError(f"{exp.dir}: exists; pass --resume to continue it, or choose another name")
+    if not verbose:  # Tune's legacy reporter prints nothing at verbosity 0 (the new one still prints its header)
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # relative paths in configs mean the same as in `rayfl run`
-    connected = api.connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard)
+    connected = api.connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard, verbose)
     try:
         if resume:
             tuner = tune.Tuner.restore(str(exp.dir), trainable(exp), resume_unfinished=True, resume_errored=True)
@@ -277,7 +312,12 @@ def run_experiment(exp: Experiment, resume: bool = False, address: str | None = 
                     max_concurrent_trials=exp.spec.max_concurrent_trials,
                     trial_dirname_creator=trial_dirname,
                 ),
-                run_config=tune.RunConfig(name=exp.name, storage_path=str(exp.dir.parent), verbose=verbose, callbacks=exp.logger_callbacks()),
+                run_config=tune.RunConfig(
+                    name=exp.name,
+                    storage_path=str(exp.dir.parent),
+                    verbose=2 if verbose else 0,
+                    callbacks=[*exp.logger_callbacks(), *([] if verbose else [TrialBar(exp, num_trials(exp))])],
+                ),
             )
         return write_results(exp, tuner.fit())
     finally:

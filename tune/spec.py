@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,8 +33,10 @@ from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
 from rayfl.configfile import format_error, read_yaml
-from rayfl.loader import apply_overrides, parse_config, set_values
+from rayfl.loader import absolute_paths, parse_config, read_config, set_values, with_overrides
 from rayfl.devices import configured_profile
+
+log = logging.getLogger("rayfl")
 
 DOMAINS = ("grid", "choice", "uniform", "loguniform", "randint")
 
@@ -168,6 +171,13 @@ class Experiment:
         self.domains = check_search(base, spec.search)
         self.base_config = trial_config(base, {k: candidates(*d)[0] for k, d in self.domains.items()})
         self.dir = Path(spec.storage).expanduser().resolve() / name
+        kind, arg = self.domains.get("federation.rounds", ("grid", [self.base_config.federation.rounds]))
+        self.max_rounds = max(arg) if kind in ("grid", "choice") else arg[1] - 1
+        """The most rounds a trial runs (ASHA's `max_t`)."""
+        self.grace_period = min(spec.scheduler.grace_period, self.max_rounds)
+        """ASHA's grace period, at most `max_rounds` (`--set federation.rounds=5` on a spec whose grace period is 10)."""
+        if self.grace_period < spec.scheduler.grace_period and spec.scheduler.name == "asha":
+            log.info(f"scheduler.grace_period: {spec.scheduler.grace_period} > the {self.max_rounds} rounds a trial runs; ASHA uses {self.grace_period}")
         if spec.metric == "time_to_target_s" and self.base_config.federation.target_accuracy is None:
             raise ConfigError("metric: time_to_target_s needs federation.target_accuracy in the base config")
         if spec.search_alg != "none":
@@ -199,7 +209,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     try:
         spec = TuneSpec.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_error(exc, raw)}") from None
-    base = spec.base if isinstance(spec.base, dict) else read_yaml(path.parent / spec.base)
-    base = apply_overrides(base, overrides or [])
+        raise ConfigError(f"{path}: {format_error(exc, raw, TuneSpec)}") from None
+    here = path.expanduser().resolve().parent
+    base = absolute_paths(spec.base, here) if isinstance(spec.base, dict) else read_config(here / spec.base)
+    base = with_overrides(base, overrides or [])
     return Experiment(spec, base, spec.name or path.stem)

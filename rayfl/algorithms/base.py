@@ -52,6 +52,13 @@ class ServerPolicy:
         """The variant the server holds and evaluates (the configured model by default)."""
         return self.config.model
 
+    def collapsed(self) -> str | None:
+        """Why the device heterogeneity this algorithm is built for has no effect on this
+        federation (every client would train the same thing), or None. A run whose policy says so
+        warns in one line: the method then runs as its baseline (m-FeDepth as FeDepth, ExclusiveFL
+        as AllLarge) under a profile without the pressure its paper assumes."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Extra `summary.json` entries of this algorithm."""
         return {}

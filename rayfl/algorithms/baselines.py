@@ -30,15 +30,16 @@ def register_baselines(
     family: type[AlgorithmConfig],
     suffix: str,
     pins: Mapping[str, Mapping[str, tuple[Any, Any]]],
-    summaries: Mapping[str, str],
     policy: type[ServerPolicy],
     procedure: type[ClientProcedure],
+    exclusive_profile: str | None = None,
     **options: Any,
 ) -> dict[str, Algorithm]:
     """AllLarge, AllSmall and ExclusiveFL of one family, registered as `<kind><suffix>`: each a
     config class derived from `family` with the fields `pins[kind]` set (name -> (type, default),
     pydantic's `create_model`), the family's policy and procedure, and `options` (the
-    registration's default models, vectorizable). Each class is an attribute of the family's
+    registration's default models, vectorizable); ExclusiveFL takes `exclusive_profile` as its default device
+    profile where the family's own default leaves every device able to train the largest model. Each class is an attribute of the family's
     module (`AllLargeConfig`, `AllLargeDepthConfig`, ...), so a config pickles by reference."""
     module = sys.modules[family.__module__]
     out = {}
@@ -47,5 +48,6 @@ def register_baselines(
         class_name = f"{title}{suffix.title().replace('_', '')}Config"
         config = create_model(class_name, __base__=family, __module__=module.__name__, __doc__=f"{title}: {what}.", name=(str, name), **pins[kind])
         setattr(module, class_name, config)
-        out[kind] = register(Algorithm(name, summaries[kind], config, policy, procedure, **options))
+        profile = {"default_profile": exclusive_profile} if kind == "exclusivefl" and exclusive_profile else {}
+        out[kind] = register(Algorithm(name, config, policy, procedure, **profile, **options))
     return out

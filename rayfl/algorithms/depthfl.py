@@ -209,6 +209,11 @@ class DepthFLPolicy(ServerPolicy):
     def global_model(self) -> ModelConfig:
         return self.variant
 
+    def collapsed(self) -> str | None:
+        if (self.client_depths == self.full_depth).all():
+            return "every client's memory budget holds the full depth"
+        return None
+
     def init_state(self, weights: Weights) -> ServerState:
         """The global model; with FedDyn, h = 0 over its parameters."""
         h = {k: np.zeros(self.shapes[k]) for k in self.params} if self.config.algorithm.feddyn else None
@@ -300,4 +305,4 @@ class DepthFLClient(ClientProcedure):
         return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics={"depth": float(len(model.layers))}, keep=keep)
 
 
-DEPTHFL = register(Algorithm("depthfl", "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS))
+DEPTHFL = register(Algorithm("depthfl", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))

@@ -122,4 +122,4 @@ class DittoClient(FedAvgClient):
         )
 
 
-DITTO = register(Algorithm("ditto", "Ditto (Li et al. 2021): FedAvg plus per-client personal models pulled towards it by lambda", DittoConfig, DittoPolicy, DittoClient))
+DITTO = register(Algorithm("ditto", DittoConfig, DittoPolicy, DittoClient))

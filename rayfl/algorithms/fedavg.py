@@ -127,4 +127,4 @@ class FedAvgClient(ClientProcedure):
         return float(loss.detach())
 
 
-FEDAVG = register(Algorithm("fedavg", "FedAvg (McMahan et al. 2017): sample-weighted model averaging", FedAvgConfig, FedAvgPolicy, FedAvgClient, vectorizable=True, sync_only=None))
+FEDAVG = register(Algorithm("fedavg", FedAvgConfig, FedAvgPolicy, FedAvgClient, vectorizable=True, sync_only=None))

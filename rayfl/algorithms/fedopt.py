@@ -43,5 +43,5 @@ class FedAdagradConfig(FedOptConfig):
     kind: Literal["adagrad"] = Field("adagrad", description="the server optimizer, set by the algorithm's name")
 
 
-for _cfg, _title in ((FedOptConfig, "FedAdam"), (FedYogiConfig, "FedYogi"), (FedAdagradConfig, "FedAdagrad")):
-    register(Algorithm(_cfg.model_fields["name"].default, f"{_title} (Reddi et al. 2021): adaptive server optimizer", _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None))
+for _cfg in (FedOptConfig, FedYogiConfig, FedAdagradConfig):
+    register(Algorithm(_cfg.model_fields["name"].default, _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None))

@@ -334,5 +334,5 @@ class FedSupClient(ClientProcedure):
         return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1))
 
 
-FEDSUP = register(Algorithm("fedsup", "FedSup (Kim & Yun 2023): supernet broadcast, sandwich-sampled sub-nets with in-place distillation per step", FedSupConfig, FedSupPolicy, FedSupClient, SUPERNET_MODELS))
-EFEDSUP = register(Algorithm("efedsup", "E-FedSup (Kim & Yun 2023): one FLOPs-fitting sub-net per client by tier, only the sub-net travels", EFedSupConfig, EFedSupPolicy, FedAvgClient, SUPERNET_MODELS, vectorizable=True))
+FEDSUP = register(Algorithm("fedsup", FedSupConfig, FedSupPolicy, FedSupClient, SUPERNET_MODELS))
+EFEDSUP = register(Algorithm("efedsup", EFedSupConfig, EFedSupPolicy, FedAvgClient, SUPERNET_MODELS, vectorizable=True))

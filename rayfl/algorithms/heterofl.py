@@ -187,6 +187,12 @@ class HeteroFLPolicy(ServerPolicy):
     def global_model(self) -> ModelConfig:
         return self.variants[0]
 
+    def collapsed(self) -> str | None:
+        """A level dealt by memory (`capability`, `budget`; ExclusiveFL) that is the same for every client."""
+        if self.config.algorithm.mode in ("capability", "budget") and len(set(self.fixed.tolist())) == 1:
+            return f"every client's memory budget fits the same level ({self.levels[int(self.fixed[0])].rate:g} of the width)"
+        return None
+
     def level_of(self, round: Round, client: ClientId) -> int:
         """The client's level this round (-1: it fits none and sits the round out)."""
         if self.fixed is not None:
@@ -330,7 +336,7 @@ def model_classes(model: nn.Module) -> int:
     return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
 
 
-HETEROFL = register(Algorithm("heterofl", "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None))
+HETEROFL = register(Algorithm("heterofl", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None))
 
 
 # Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
@@ -344,13 +350,9 @@ register_baselines(
         "allsmall": {"levels": (str, Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
         "exclusivefl": {"levels": (Literal["a1"], "a1"), "mode": (Literal["capability"], "capability"), "weighting": _SAMPLES},
     },
-    {
-        "alllarge": "AllLarge: FedAvg at full width on every client (HeteroFL baseline)",
-        "allsmall": "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)",
-        "exclusivefl": "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)",
-    },
     HeteroFLPolicy,
     HeteroFLClient,
+    exclusive_profile="fedepth_fair",  # memory budgets of 1/6 to 1 of the width: some devices cannot train full width
     vectorizable=True,
     sync_only=None,
 )

@@ -319,7 +319,7 @@ def parse_depths(depths: str) -> list[int]:
 
 
 INCLUSIVEFL = register(
-    Algorithm("inclusivefl", "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation", InclusiveFLConfig, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True)
+    Algorithm("inclusivefl", InclusiveFLConfig, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True)
 )
 
 
@@ -328,11 +328,6 @@ register_baselines(
     DepthBaselineConfig,
     "_depth",
     {kind: {"baseline": (Literal[kind], kind)} for kind in KINDS},
-    {
-        "alllarge": "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client",
-        "allsmall": "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client",
-        "exclusivefl": "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only",
-    },
     InclusiveFLPolicy,
     FedAvgClient,
     default_models=DEPTH_MODELS,

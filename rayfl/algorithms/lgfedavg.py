@@ -143,4 +143,4 @@ def split_result(task: LGTask, out: ClientResult | ClientFailure) -> ClientResul
     return dataclasses.replace(out, weights=top, keep={"body": body})
 
 
-LGFEDAVG = register(Algorithm("lgfedavg", "LG-FedAvg (Liang et al. 2020): local bodies, FedAvg over the global top layers", LGFedAvgConfig, LGFedAvgPolicy, LGFedAvgClient, vectorizable=True))
+LGFEDAVG = register(Algorithm("lgfedavg", LGFedAvgConfig, LGFedAvgPolicy, LGFedAvgClient, vectorizable=True))

@@ -76,4 +76,4 @@ class LocalOnlyPolicy(ServerPolicy):
         return accuracy_stats([], [s["accuracy"] for s in own])
 
 
-LOCALONLY = register(Algorithm("localonly", "Local-only (FedSup Table 2): each client trains its own model, never averaged", LocalOnlyConfig, LocalOnlyPolicy, FedAvgClient, vectorizable=True, sync_only="its clients never aggregate: no model version for an update to be stale against"))
+LOCALONLY = register(Algorithm("localonly", LocalOnlyConfig, LocalOnlyPolicy, FedAvgClient, vectorizable=True, sync_only="its clients never aggregate: no model version for an update to be stale against"))

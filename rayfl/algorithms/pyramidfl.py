@@ -83,4 +83,4 @@ class PyramidFLClient(FedAvgClient):
         return dataclasses.replace(result, metrics={**result.metrics, "update_norm": norm})
 
 
-PYRAMIDFL = register(Algorithm("pyramidfl", "PyramidFL-style selection (MergeSFL baseline): oversample by reward, keep the fastest", PyramidFLConfig, PyramidFLPolicy, PyramidFLClient, sync_only="it over-selects and keeps the fastest clients itself (a deadline of its own)"))
+PYRAMIDFL = register(Algorithm("pyramidfl", PyramidFLConfig, PyramidFLPolicy, PyramidFLClient, sync_only="it over-selects and keeps the fastest clients itself (a deadline of its own)"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .. import catalog
 from ..config import AlgorithmConfig, ConfigError
 from .base import ClientProcedure, ServerPolicy
 
@@ -15,12 +16,14 @@ SYNC_ONLY = "its aggregation waits for every selected client, and rayfl has no r
 @dataclass(frozen=True)
 class Algorithm:
     name: str
-    summary: str
     config_class: type[AlgorithmConfig]
     policy: type[ServerPolicy]
     procedure: type[ClientProcedure]
     default_models: Mapping[str, str] = field(default_factory=dict)
     """Dataset name -> the model family this algorithm takes when the config names none."""
+    default_profile: str | None = None
+    """The built-in device profile this algorithm takes when the config names none (nor a trace):
+    one whose budgets exercise its heterogeneity (FeDepth's memory scenario), as `default_models`."""
     vectorizable: bool = False
     """Opt-in: the procedure trains `ray.vectorize` clients of one variant in one batched call
     (`run_vectorized`, `vectorize.train_vectorized` over the procedure's own loss)."""
@@ -30,10 +33,16 @@ class Algorithm:
     (`rayfl.algorithms.staleness`), each a leading block of the global tensors."""
 
 
+    @property
+    def summary(self) -> str:
+        return catalog.ALGORITHMS[self.name]
+
+
 _ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
+    catalog.summary(catalog.ALGORITHMS, "algorithm", algorithm.name)
     if algorithm.name in _ALGORITHMS:
         raise ValueError(f"algorithm {algorithm.name!r} registered twice")
     if algorithm.vectorizable and not hasattr(algorithm.procedure, "run_vectorized"):
@@ -48,7 +57,7 @@ def algorithms() -> dict[str, Algorithm]:
 
 def get(name: str) -> Algorithm:
     if name not in _ALGORITHMS:
-        raise KeyError(f"unknown algorithm {name!r} (known: {', '.join(sorted(_ALGORITHMS))})")
+        raise KeyError(f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {', '.join(sorted(_ALGORITHMS))})")
     return _ALGORITHMS[name]
 
 

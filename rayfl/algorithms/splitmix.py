@@ -130,6 +130,11 @@ class SplitMixPolicy(ServerPolicy):
         if config.model.init_weights is not None:
             raise ConfigError(f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a pretrained state would be ignored")
 
+    def collapsed(self) -> str | None:
+        if (self.counts == self.num_bases).all():
+            return "every client's memory budget trains all the base networks"
+        return None
+
     def global_model(self) -> ModelConfig:
         """One base network (what the engine measures); the global model is K of them."""
         return self.base
@@ -220,4 +225,4 @@ class SplitMixClient(ClientProcedure):
         return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics=metrics)
 
 
-SPLITMIX = register(Algorithm("splitmix", "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS))
+SPLITMIX = register(Algorithm("splitmix", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import catalog
 from ..config import ConfigError, DataConfig
 
 
@@ -36,21 +37,26 @@ class Dataset:
 @dataclass(frozen=True)
 class Source:
     name: str
-    summary: str
     load: Callable[[DataConfig, int], Any]
     """`load(config, seed)`: a pooled `Dataset`, or a generated federation's `Clients`."""
     partition: str = "dirichlet"
     """The partition kind a config that names none takes (`natural` for a generated federation)."""
 
 
+    @property
+    def summary(self) -> str:
+        return catalog.DATASETS[self.name]
+
+
 _SOURCES: dict[str, Source] = {}
 
 
-def source(name: str, summary: str, partition: str = "dirichlet") -> Callable[[Callable[[DataConfig, int], Any]], Callable]:
-    """Decorator: register `load(config, seed)` under `name`."""
+def source(name: str, partition: str = "dirichlet") -> Callable[[Callable[[DataConfig, int], Any]], Callable]:
+    """Decorator: register `load(config, seed)` under `name` (listed in `rayfl.catalog.DATASETS`)."""
 
     def wrap(load: Callable[[DataConfig, int], Any]) -> Callable[[DataConfig, int], Any]:
-        _SOURCES[name] = Source(name, summary, load, partition)
+        catalog.summary(catalog.DATASETS, "dataset", name)
+        _SOURCES[name] = Source(name, load, partition)
         return load
 
     return wrap
@@ -64,7 +70,7 @@ def load_dataset(config: DataConfig, seed: int) -> Any:
     """Load the configured source (a `Dataset`, or a generated federation's `Clients`); unknown
     names and missing files raise `ConfigError`."""
     if config.name not in _SOURCES:
-        raise ConfigError(f"data.name: unknown dataset {config.name!r} (known: {', '.join(sorted(_SOURCES))})")
+        raise ConfigError(f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: {', '.join(sorted(_SOURCES))})")
     return _SOURCES[config.name].load(config, seed)
 
 
@@ -75,7 +81,7 @@ def _standardize(x_train: np.ndarray, x_test: np.ndarray, axis: tuple[int, ...])
     return ((x_train - mean) / std).astype(np.float32), ((x_test - mean) / std).astype(np.float32)
 
 
-@source("digits", "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes); no download")
+@source("digits")
 def load_digits(config: DataConfig, seed: int) -> Dataset:
     """The embedded default. The 25% test split is fixed (stratified, independent of the run seed)."""
     from sklearn.datasets import load_digits as sk_digits
@@ -89,7 +95,7 @@ def load_digits(config: DataConfig, seed: int) -> Dataset:
     return Dataset("digits", x_tr, y_tr, x_te, y_te, 10)
 
 
-@source("mnist1d", "MNIST-1D (Greydanus 2020), generated locally with the mnist1d package; 4000/1000, length 40")
+@source("mnist1d")
 def load_mnist1d(config: DataConfig, seed: int) -> Dataset:
     """The canonical MNIST-1D (the package's default arguments, seed 42), generated, never downloaded."""
     from mnist1d.data import get_dataset_args, make_dataset
@@ -136,5 +142,5 @@ def _load_torchvision(config: DataConfig, seed: int) -> Dataset:
     return Dataset(config.name, arrays[0], arrays[1], arrays[2], arrays[3], num_classes)
 
 
-for _name, (_cls, _classes, _, _) in _TORCHVISION.items():
-    source(_name, f"torchvision {_cls} ({_classes} classes) from data.data_dir")(_load_torchvision)
+for _name in _TORCHVISION:
+    source(_name)(_load_torchvision)

@@ -81,7 +81,7 @@ def load_profile(spec: str) -> DeviceProfile:
     try:
         return DeviceProfile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_error(exc, raw)}") from None
+        raise ConfigError(f"{path}: {format_error(exc, raw, DeviceProfile)}") from None
 
 
 def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:

@@ -8,6 +8,7 @@ call it with their own executor.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import checkpoint
+from ..algorithms import registry as algorithms
 from ..algorithms.messages import ServerState
 from ..config import ConfigError, RunConfig, dump_config
 from ..metrics import Recorder, TensorBoard
@@ -24,6 +26,8 @@ from .admission import Batteries
 from .federation import Federation, build_federation
 from .round import Executor, RoundOutcome, evaluate
 from .scheduler import SCHEDULERS
+
+log = logging.getLogger("rayfl")
 
 Progress = Callable[[Mapping[str, Any]], None]
 
@@ -72,6 +76,11 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
     cluster starts: the federation (data, partition, profile, model, policy), RUN_DIR writable,
     and with `resume` a readable checkpoint and tables."""
     fed = build_federation(config)
+    collapse = fed.policy.collapsed()
+    if collapse:
+        declared = algorithms.get(config.algorithm.name).default_profile
+        hint = f"; its paper's setting: devices.profile={declared}" if declared and declared != config.devices.profile else ""
+        log.warning(f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}")
     check_writable(run_dir)
     if resume:
         saved = checkpoint.latest(run_dir)

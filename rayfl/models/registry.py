@@ -7,6 +7,7 @@ from typing import Callable
 
 from torch import nn
 
+from .. import catalog
 from ..config import ModelConfig
 
 Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
@@ -15,21 +16,26 @@ Builder = Callable[[ModelConfig, tuple[int, ...], int], nn.Module]
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
-    summary: str
     config_class: type[ModelConfig]
     build: Builder
+
+    @property
+    def summary(self) -> str:
+        return catalog.MODELS[self.name]
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
 
 
-def register(name: str, config_class: type[ModelConfig], summary: str) -> Callable[[Builder], Builder]:
-    """Decorator: register `build(config, input_shape, num_classes) -> nn.Module` under `name`."""
+def register(name: str, config_class: type[ModelConfig]) -> Callable[[Builder], Builder]:
+    """Decorator: register `build(config, input_shape, num_classes) -> nn.Module` under `name`
+    (listed in `rayfl.catalog.MODELS`)."""
 
     def wrap(build: Builder) -> Builder:
+        catalog.summary(catalog.MODELS, "model family", name)
         if name in _FAMILIES:
             raise ValueError(f"model family {name!r} registered twice")
-        _FAMILIES[name] = ModelFamily(name, summary, config_class, build)
+        _FAMILIES[name] = ModelFamily(name, config_class, build)
         return build
 
     return wrap
@@ -41,7 +47,7 @@ def families() -> dict[str, ModelFamily]:
 
 def config_class(name: str) -> type[ModelConfig]:
     if name not in _FAMILIES:
-        raise KeyError(f"unknown model {name!r} (known: {', '.join(sorted(_FAMILIES))})")
+        raise KeyError(f"unknown model {name!r}{catalog.closest(name, _FAMILIES)} (known: {', '.join(sorted(_FAMILIES))})")
     return _FAMILIES[name].config_class
 
 

@@ -59,7 +59,7 @@ class ResStack(nn.Module):
         return self.head(self.layers(self.stem(x)))
 
 
-@register("resstack", ResStackConfig, "Residual conv stack: stem -> depth x residual blocks (width) -> pool -> linear, sequences or images; depth- and width-scalable")
+@register("resstack", ResStackConfig)
 def build_resstack(config: ResStackConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) not in (2, 3):
         raise ConfigError(f"model.name: resstack needs a sequence (C, L) or an image (C, H, W), the dataset gives {input_shape}")

@@ -147,7 +147,7 @@ def test_actors_that_never_fit_exit_2_at_once(tmp_path):
 
 def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
     from actors.client import create_client_actors
-    from actors.pool import check_fits, wait_for_actors
+    from actors.pool import check_fits, placed, wait_for_actors
     from rayfl.config import ConfigError
 
     cfg = load_config(None, ["ray.cpus_per_actor=1", "model.name=mlp"])
@@ -166,6 +166,28 @@ def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
         for actor in actors:
             ray_cluster.kill(actor)
     assert notes and "for 1 of 3 client actors to be placed (free now: {'CPU': 0.0, 'GPU': 2.0}" in notes[-1]
+    assert sorted(placed(a) for a in actors) == [False, True, True]
+
+
+def test_actors_that_are_placed_but_still_starting_are_not_reported(ray_cluster):
+    from actors.pool import wait_for_actors
+
+    @ray_cluster.remote(num_cpus=1)
+    class SlowStart:
+        def __init__(self):
+            time.sleep(2.0)  # placed at once; its constructor takes 2 s
+
+        def info(self):
+            return {}
+
+    actors = [SlowStart.remote() for _ in range(2)]
+    notes = []
+    try:
+        wait_for_actors(actors, timeout_s=30, report=notes.append, every_s=0.5)
+    finally:
+        for actor in actors:
+            ray_cluster.kill(actor)
+    assert notes == []
 
 
 def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_cluster, tmp_path):

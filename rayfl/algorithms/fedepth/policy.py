@@ -102,6 +102,13 @@ class FeDepthPolicy(ServerPolicy):
     def global_model(self) -> ModelConfig:
         return self.variant
 
+    def collapsed(self) -> str | None:
+        """Every client's budget trains the whole model in one block: no depth-wise training
+        (and no auxiliary classifier for m-FeDepth)."""
+        if all(len(p.blocks) == 1 for p in self.plans.values() if p is not None):
+            return "every client's memory budget trains the whole model in one block"
+        return None
+
     def plan_of(self, client: ClientId) -> Plan:
         return self.plans[float(self.context.memory_bytes[client])]
 
