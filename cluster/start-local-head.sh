@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Start a local Ray head node for rayfl: dashboard on 127.0.0.1 only, token authentication on.
 #   cluster/start-local-head.sh [NUM_CPUS] [NUM_GPUS]
-# Then: rayfl submit CONFIG.yaml --address http://127.0.0.1:8265 --wait
+# Then: rayfl submit CONFIG.yaml --address http://127.0.0.1:8265 --wait --fetch
+# Ray's own clients (`ray job submit`, `ray status`) need RAY_AUTH_MODE=token in *their* shell:
+#   export RAY_AUTH_MODE=token   (this script cannot set it for the shell that runs it)
 # Metrics (README, "Watching a run"): Prometheus and Grafana with the configs Ray writes under
 # /tmp/ray/session_latest/metrics; this script adds cluster/grafana/rayfl.json to Ray's dashboards.
 # Stop with `ray stop` (note: it stops every Ray process on this host).
@@ -21,4 +23,5 @@ ray start --head \
 dashboards="${RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR:-${RAY_TMPDIR:-/tmp}/ray/session_latest/metrics/grafana/dashboards}"
 for _ in $(seq 50); do [ -d "$dashboards" ] && break; sleep 0.2; done
 cp "$(dirname "$0")/grafana/rayfl.json" "$dashboards/" && echo "Grafana dashboard: $dashboards/rayfl.json"
-echo "dashboard: http://127.0.0.1:${RAYFL_DASHBOARD_PORT:-8265} (send the token: Authorization: Bearer \$(cat ~/.ray/auth_token))"
+echo "dashboard: http://127.0.0.1:${RAYFL_DASHBOARD_PORT:-8265} (the browser asks for a token: paste the output of: ray get-auth-token)"
+echo "for ray job submit / ray status in your shell: export RAY_AUTH_MODE=token"

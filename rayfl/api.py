@@ -1,7 +1,7 @@
-"""Entry points that put federations on Ray: `rayfl.api.run(config)` and job submission.
+"""The entry point that puts a federation on Ray: `rayfl.api.run(config)`.
 
-This module (with `rayfl.cli`) is the only part of `rayfl` that touches Ray, and it imports
-Ray lazily, inside the functions.
+This module, `rayfl.jobs` (Ray jobs) and `rayfl.cli` are the only parts of `rayfl` that touch
+Ray, and they import Ray lazily, inside the functions.
 """
 
 from __future__ import annotations
@@ -9,19 +9,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
-
-import yaml
+from typing import Any
 
 from . import checkpoint
-from .config import ConfigError, RunConfig, to_dict
+from .config import RunConfig
 from .engine import Progress, Start, new_run_dir, prepare
 
-T = TypeVar("T")
-REPO_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("rayfl")
 
 
@@ -137,78 +132,3 @@ def resume_hint(run_dir: Path) -> str:
     if checkpoint.exists(run_dir):
         return f"continue it with: rayfl run --resume {run_dir}"
     return "no checkpoint was written yet; start it again"
-
-
-def auth_headers() -> dict[str, str]:
-    """The bearer token the way Ray's clients find it: $RAY_AUTH_TOKEN, the file at
-    $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token. Empty when there is none (auth off)."""
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    if not token:
-        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
-        if path.is_file():
-            token = path.read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def submit(config: RunConfig, address: str, out: str | None = None, metadata: Mapping[str, str] | None = None) -> str:
-    """Submit one federation as a Ray job with this repository as its working dir; returns the job id.
-
-    The resolved config travels inside the entrypoint, so the job runs exactly what was validated here.
-    """
-    from ray.job_submission import JobSubmissionClient
-
-    entry = ["python", "-m", "rayfl", "run", "--config-yaml", yaml.safe_dump(to_dict(config), sort_keys=False)]
-    if out:
-        entry += ["--out", out]
-    client = retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
-    return retried(
-        lambda: client.submit_job(
-            entrypoint=shlex.join(entry),
-            runtime_env={"working_dir": str(REPO_ROOT), "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/"]},
-            metadata=dict(metadata or {}),
-        ),
-        "submitting the job",
-    )
-
-
-TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused")
-"""What a dashboard says while its head node is still coming up (its job agent not registered yet)."""
-
-
-def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
-    """`call()`, retried with doubling waits (0.5 s up to 8 s) while it fails transiently, for at
-    most `budget_s` seconds; a lasting or other error is raised as it is."""
-    delay, started = 0.5, time.monotonic()
-    while True:
-        try:
-            return call()
-        except (RuntimeError, ConnectionError) as exc:
-            message = str(exc)
-            if not any(t in message for t in TRANSIENT) or time.monotonic() - started + delay > budget_s:
-                raise
-            log.info(f"{what}: {message.splitlines()[0]} (retrying in {delay:g} s)")
-            time.sleep(delay)
-            delay = min(2 * delay, 8.0)
-
-
-def wait(address: str, job_id: str) -> int:
-    """Stream a job's logs until it ends; 0 if it succeeded, 1 otherwise."""
-    import asyncio
-
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    client = retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
-
-    async def tail() -> None:
-        async for lines in client.tail_job_logs(job_id):
-            print(lines, end="", flush=True)
-
-    asyncio.run(tail())
-    status = client.get_job_status(job_id)
-    return 0 if status == JobStatus.SUCCEEDED else 1
-
-
-def validate_address(address: str) -> str:
-    if not address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address: {address!r} is not a dashboard URL (http://HOST:8265)")
-    return address

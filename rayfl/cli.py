@@ -11,10 +11,11 @@ import contextlib
 import io
 import logging
 import math
+import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import yaml
 
@@ -73,31 +74,50 @@ def _config(args: argparse.Namespace):
         if args.config:
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
         return load_config(Path(args.resume) / "config.yaml", args.set)
-    if getattr(args, "config_yaml", None) is not None:
-        return parse_config(with_overrides(yaml.safe_load(args.config_yaml) or {}, args.set))
+    if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.jobs.submit)
+        return parse_config(with_overrides(yaml.safe_load(os.environ.get(args.config_env, "")) or {}, args.set))
     return load_config(args.config, args.set)
+
+
+def progress_lines(total: int) -> Callable[[Mapping[str, Any]], None]:
+    """One `rayfl: round r/R acc A vtime T s` line per round on stderr: a job's progress, which
+    `rayfl submit --wait` draws as a bar (`rayfl.jobs.PROGRESS_LINE`)."""
+
+    def line(row: Mapping[str, Any]) -> None:
+        acc = row["test_accuracy"]
+        print(f"rayfl: round {row['round']}/{total} acc {'-' if math.isnan(acc) else f'{acc:.4f}'} vtime {row['virtual_time_s']:.1f}s", file=sys.stderr, flush=True)
+
+    return line
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
+    from . import storage
     from .engine import new_run_dir
     from .runner import run_local
 
-    run_dir = Path(args.resume or args.out or new_run_dir(config))
+    storage.check_location(args.resume or args.out)
+    job = storage.job_submission_id()
+    default = storage.HOME / "runs" / job if job else new_run_dir(config)  # a job's run outlives its temporary working dir
+    location = args.resume or args.out
     resume = bool(args.resume)
-    bar = ProgressBar(config.federation.rounds)
-    try:
-        if args.local:
-            summary = run_local(config, run_dir, progress=bar, resume=resume)
-        else:
-            from . import api
+    with storage.located(location, resume, default) as run_dir:
+        if job:
+            print(f"rayfl: RUN_DIR {location if storage.is_uri(location) else run_dir.resolve()}", file=sys.stderr, flush=True)
+        bar = ProgressBar(config.federation.rounds) if args.progress == "bar" else progress_lines(config.federation.rounds)
+        try:
+            if args.local:
+                summary = run_local(config, run_dir, progress=bar, resume=resume)
+            else:
+                from . import api
 
-            with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
-                summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
-    finally:
-        bar.close()
+                with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
+                    summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
+        finally:
+            getattr(bar, "close", lambda: None)()
     acc = summary["final_test_accuracy"]
-    print(f"{run_dir}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
+    where = location if storage.is_uri(location) else run_dir.resolve() if job else run_dir
+    print(f"{where}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
     return 0
 
 
@@ -135,13 +155,27 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from . import api
+    from . import jobs, storage
 
     config = _config(args)
-    address = api.validate_address(args.address)
-    job_id = api.submit(config, address, out=args.out)
-    print(job_id, flush=True)
-    return api.wait(address, job_id) if args.wait else 0
+    address = jobs.validate_address(args.address)
+    storage.check_location(args.out)
+    job = jobs.submit(config, address, out=args.out, verbose=args.verbose)
+    print(job, flush=True)
+    if not args.wait:
+        print(f"rayfl: follow it on the dashboard's Jobs page; fetch its RUN_DIR with: rayfl fetch {job} --address {address}", file=sys.stderr)
+        return 0
+    status = jobs.wait(address, job, verbose=args.verbose)
+    if args.fetch and status == 0:
+        print(f"{jobs.fetch(address, job, args.to)}: fetched")
+    return status
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from . import jobs
+
+    print(f"{jobs.fetch(jobs.validate_address(args.address), args.job, args.to, args.client_port)}: fetched")
+    return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -183,7 +217,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 class Parser(argparse.ArgumentParser):
     """Whole option names only (an abbreviation such as ``--config`` must not silently mean the hidden
-    ``--config-yaml``), and a usage error is one line, exit 2, like every other bad input."""
+    ``--config-env``), and a usage error is one line, exit 2, like every other bad input."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
@@ -218,20 +252,31 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one federation (the embedded default without CONFIG)")
     run.add_argument("config", nargs="?", help="config YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    run.add_argument("--out", help="RUN_DIR (default runs/<time>-<algorithm>-<dataset>)")
+    run.add_argument("--out", help="RUN_DIR: a folder or a URI (s3://, gs://, file://; default runs/<time>-<algorithm>-<dataset>, in a Ray job ~/rayfl/runs/<job id>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)")
     run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
     run.add_argument("--local", action="store_true", help="run in this process without Ray (the reference runner)")
-    run.add_argument("--config-yaml", help=argparse.SUPPRESS)
+    run.add_argument("--config-env", help=argparse.SUPPRESS)
+    run.add_argument("--progress", choices=["bar", "lines"], default="bar", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
 
     submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
     submit.add_argument("config", nargs="?", help="config YAML")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
-    submit.add_argument("--out", help="RUN_DIR on the cluster (default runs/... in the job's working dir)")
-    submit.add_argument("--wait", action="store_true", help="stream the job's logs and return its exit status")
+    submit.add_argument("--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)")
+    submit.add_argument("--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status")
+    submit.add_argument("--fetch", action="store_true", help="with --wait: then copy the RUN_DIR here (as rayfl fetch)")
+    submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./<job id>)")
+    submit.add_argument("--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job")
     submit.set_defaults(func=cmd_submit)
+
+    fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
+    fetch.add_argument("job", metavar="JOB_ID")
+    fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    fetch.add_argument("--to", metavar="DIR", help="where to (default ./<RUN_DIR name>)")
+    fetch.add_argument("--client-port", type=int, default=10001, help="the head's Ray Client port, for a RUN_DIR only the cluster reads (default 10001)")
+    fetch.set_defaults(func=cmd_fetch)
 
     tune = sub.add_parser("tune", help="search a federation's hyperparameters and device mixes with Ray Tune")
     tune.add_argument("tune", metavar="TUNE", help="TUNE.yaml: a base run config, a search section, metric, scheduler")

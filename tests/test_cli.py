@@ -24,7 +24,7 @@ def rayfl(*args, cwd=None):
         (["run", "missing.yaml"], "missing.yaml: no such file"),
         (["run", "--set", "devices.profile=nowhere.yaml"], "devices.profile: 'nowhere.yaml' is neither"),
         (["compare", "not-a-run"], "not-a-run: no metrics.parquet"),
-        # an abbreviation must not reach the hidden --config-yaml (it once ended in an AttributeError)
+        # an abbreviation must not reach the hidden --config-env (it once ended in an AttributeError)
         (["run", "--config", "cfg.yaml"], "unrecognized arguments: --config"),
     ],
 )
@@ -160,7 +160,7 @@ def test_the_progress_bar_of_a_resumed_run_counts_from_its_rounds():
 
 
 def test_submission_retries_transient_errors_for_a_bounded_time():
-    from rayfl.api import retried
+    from rayfl.jobs import retried
 
     calls = []
 

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..config import ConfigError, DevicesConfig, Strict
 from ..config_devices import mix_shares
+from ..catalog import closest
 from ..configfile import format_error, read_yaml
 
 
@@ -76,7 +77,7 @@ def load_profile(spec: str) -> DeviceProfile:
     builtin = builtin_profiles()
     path = builtin.get(spec, Path(spec).expanduser())
     if spec not in builtin and not path.is_file():
-        raise ConfigError(f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file")
+        raise ConfigError(f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file{closest(spec, builtin)}")
     raw = read_yaml(path)
     try:
         return DeviceProfile.model_validate(raw)

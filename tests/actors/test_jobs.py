@@ -1,5 +1,5 @@
 """A real head node: `rayfl submit --wait`, then the job and the named actors read back over
-the dashboard's HTTP API, with token authentication on.
+the dashboard's HTTP API, with token authentication on; `rayfl fetch`, and `ray job submit`.
 
 The head runs in its own process session and is stopped by signalling that process group
 only (never `ray stop`, which would also stop this test session's own cluster).
@@ -7,6 +7,7 @@ only (never `ray stop`, which would also stop this test session's own cluster).
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -39,13 +40,14 @@ def get(url, token=None):
 def head_node():  # one head for the module's jobs (each job has its own id and RUN_DIR)
     temp_dir = tempfile.mkdtemp(prefix="rayfl-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     token = secrets.token_hex(16)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    home = tempfile.mkdtemp(prefix="rayfl-home-")  # a job's default RUN_DIR is ~/rayfl/runs/<job id> on the head
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "HOME": home}
     env.pop("RAY_ADDRESS", None)
-    dash = free_port()
+    dash, client_port = free_port(), free_port()
     cmd = [
         "ray", "start", "--head", "--block", f"--port={free_port()}", f"--dashboard-port={dash}",
         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
-        f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
+        f"--temp-dir={temp_dir}", f"--ray-client-server-port={client_port}",
     ]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{dash}"
@@ -60,7 +62,7 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
                 if time.time() > deadline or proc.poll() is not None:
                     raise RuntimeError("the head node did not come up")
                 time.sleep(0.5)
-        yield url, token, env
+        yield url, token, env, client_port
     finally:
         # `ray start --block` takes over 10 s to follow a SIGTERM here: after 2 s, SIGKILL the group.
         for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
@@ -74,10 +76,11 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
             except subprocess.TimeoutExpired:
                 continue
         shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, tmp_path):
-    url, token, env = head_node
+    url, token, env, _ = head_node
     with pytest.raises(urllib.error.HTTPError) as denied:  # auth is on: no token, no answer
         get(f"{url}/api/jobs/")
     assert denied.value.code == 401
@@ -90,11 +93,16 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = out.stdout.splitlines()[0].strip()
-    assert job_id.startswith("raysubmit_")
+    assert re.fullmatch(r"rayfl-fedavg-digits-\d{8}-\d{6}-[0-9a-f]{4}", job_id), job_id
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+    # Quiet: the RUN_DIR line, the bar, the final line; no config, no Ray INFO lines.
+    assert f"rayfl: RUN_DIR {run_dir}" in out.stdout and f"{run_dir}: final test accuracy" in out.stdout
+    assert "federation:" not in out.stdout + out.stderr and "INFO" not in out.stdout + out.stderr
 
     jobs = {j["submission_id"]: j for j in get(f"{url}/api/jobs/", token)}
     assert jobs[job_id]["status"] == "SUCCEEDED"
+    assert jobs[job_id]["metadata"] == {"algorithm": "fedavg", "dataset": "digits", "run_id": job_id, "out": str(run_dir)}
+    assert jobs[job_id]["entrypoint"].startswith("python -m rayfl run --config-env RAYFL_CONFIG")
     assert get(f"{url}/api/jobs/{job_id}", token)["status"] == "SUCCEEDED"
 
     actors = get(f"{url}/api/v0/actors?limit=200", token)["data"]["result"]["result"]
@@ -107,7 +115,7 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
 
 
 def test_a_failing_job_returns_non_zero(head_node, tmp_path):
-    url, token, env = head_node
+    url, token, env, _ = head_node
     out = subprocess.run(
         [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--set", "data.name=cifar10", "--set", f"data.data_dir={tmp_path}"],
         env=env, capture_output=True, text=True, timeout=300,
@@ -115,3 +123,39 @@ def test_a_failing_job_returns_non_zero(head_node, tmp_path):
     # The job's run finds no CIFAR-10 under data_dir: the job fails and --wait says so.
     assert out.returncode == 1
     assert "cifar10 not found" in out.stdout + out.stderr
+
+
+def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, tmp_path):
+    url, token, env, client_port = head_node
+    out = subprocess.run(
+        [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--fetch", "--to", str(tmp_path / "here"),
+         "--set", "federation.rounds=1", "--set", "model.name=mlp", "--set", "ray.num_actors=1"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    job_id = out.stdout.splitlines()[0].strip()
+    on_head = os.path.join(env["HOME"], "rayfl", "runs", job_id)  # absolute, outside Ray's session folder
+    assert f"rayfl: RUN_DIR {on_head}" in out.stdout and f"{on_head}: final test accuracy" in out.stdout
+    assert (tmp_path / "here" / "summary.json").read_text() == open(os.path.join(on_head, "summary.json")).read()
+    # The same RUN_DIR through a Ray task on the job's node (Ray Client), as for a head this machine cannot read.
+    code = (
+        "import sys, pathlib; from rayfl import jobs; "
+        f"info = jobs.client({url!r}).get_job_info({job_id!r}); "
+        f"jobs.unpack(jobs.packed_on_node({url!r}, info.driver_node_id, {on_head!r}, {client_port}), pathlib.Path({str(tmp_path / 'remote')!r}))"
+    )
+    remote = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert remote.returncode == 0, remote.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "remote").iterdir()) == sorted(os.listdir(on_head))
+
+
+def test_ray_job_submit_as_the_readme_shows_it(head_node, tmp_path):
+    url, token, env, _ = head_node
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        ["ray", "job", "submit", "--address", url, "--working-dir", ".", "--",
+         "rayfl", "run", "--set", "federation.rounds=1", "--set", "model.name=mlp", "--set", "ray.num_actors=1"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=repo,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    job_id = re.search(r"Job '(\S+)' succeeded", out.stdout + out.stderr).group(1)
+    assert f"rayfl: RUN_DIR {os.path.join(env['HOME'], 'rayfl', 'runs', job_id)}" in out.stdout + out.stderr

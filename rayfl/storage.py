@@ -1,0 +1,83 @@
+"""Where a run's RUN_DIR lives: a local folder, or a URI (`s3://`, `gs://`, `file://`, ...) through
+`pyarrow.fs`, the layer Ray Train and Tune store results through.
+
+A run whose `--out` is a URI writes to a local staging folder (`~/rayfl/staging/<name>`) and
+copies it to the URI when it ends, however it ends, so a failed run's rows and checkpoints are
+kept too; `--resume URI` first copies the URI back. Inside a Ray job, a run given no `--out`
+lands in `~/rayfl/runs/<submission id>` on the node that runs the job (the head), an absolute
+folder that outlives Ray's session, unlike the job's temporary working dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+HOME = Path("~/rayfl").expanduser()
+
+
+def is_uri(location: str | os.PathLike | None) -> bool:
+    return location is not None and "://" in str(location)
+
+
+def job_submission_id() -> str | None:
+    """The submission id of the Ray job this process is the driver of (None outside a job)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return None
+    return json.loads(raw).get("metadata", {}).get("job_submission_id")
+
+
+def copy_tree(source: str, destination: str) -> None:
+    """Copy a folder between any two of local paths and URIs (`pyarrow.fs.copy_files`)."""
+    from pyarrow import fs
+
+    if not is_uri(source):
+        source = str(Path(source).resolve())
+    if not is_uri(destination):
+        Path(destination).mkdir(parents=True, exist_ok=True)
+        destination = str(Path(destination).resolve())
+    fs.copy_files(source, destination)
+
+
+def uri_exists(uri: str) -> bool:
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(uri)
+    return filesystem.get_file_info(path).type != fs.FileType.NotFound
+
+
+@contextlib.contextmanager
+def located(location: str | None, resume: bool, default: Path) -> Iterator[Path]:
+    """The local RUN_DIR a run writes to: `location` itself (a folder), `default` when None, or a
+    staging folder for a URI, copied to the URI when the run ends (and, with `resume`, copied
+    from it first)."""
+    if not is_uri(location):
+        yield Path(location) if location else default
+        return
+    name = str(location).rstrip("/").rsplit("/", 1)[-1]
+    staging = HOME / "staging" / name
+    if resume:
+        copy_tree(str(location), str(staging))
+    try:
+        yield staging
+    finally:
+        if staging.is_dir():
+            copy_tree(str(staging), str(location))
+
+
+def check_location(location: str | None) -> None:
+    """`ConfigError` naming `--out` for a URI no `pyarrow.fs` filesystem reads (found before a run starts)."""
+    if not is_uri(location):
+        return
+    from pyarrow import fs
+
+    from .configbase import ConfigError
+
+    try:
+        fs.FileSystem.from_uri(str(location))
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, ValueError or OSError by scheme
+        raise ConfigError(f"--out: {location}: {str(exc).splitlines()[0]}") from None
