@@ -67,13 +67,14 @@ class RayNotices(io.TextIOBase):
         self.stdout.flush()
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, resume_dir: Path | None = None):
+    """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here)."""
     from .loader import load_config, parse_config, with_overrides
 
     if getattr(args, "resume", None):
         if args.config:
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
-        return load_config(Path(args.resume) / "config.yaml", args.set)
+        return load_config(Path(resume_dir or args.resume) / "config.yaml", args.set)
     if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.jobs.submit)
         return parse_config(with_overrides(yaml.safe_load(os.environ.get(args.config_env, "")) or {}, args.set))
     return load_config(args.config, args.set)
@@ -91,17 +92,18 @@ def progress_lines(total: int) -> Callable[[Mapping[str, Any]], None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _config(args)
     from . import storage
-    from .engine import new_run_dir
-    from .runner import run_local
 
-    storage.check_location(args.resume or args.out)
-    job = storage.job_submission_id()
-    default = storage.HOME / "runs" / job if job else new_run_dir(config)  # a job's run outlives its temporary working dir
     location = args.resume or args.out
+    storage.check_location(location)
+    job = storage.job_submission_id()
     resume = bool(args.resume)
-    with storage.located(location, resume, default) as run_dir:
+    with storage.located(location, resume) as staged:
+        config = _config(args, staged)
+        from .engine import new_run_dir
+        from .runner import run_local
+
+        run_dir = staged or (storage.HOME / "runs" / job if job else new_run_dir(config))  # a job's run outlives its temporary working dir
         if job:
             print(f"rayfl: RUN_DIR {location if storage.is_uri(location) else run_dir.resolve()}", file=sys.stderr, flush=True)
         bar = ProgressBar(config.federation.rounds) if args.progress == "bar" else progress_lines(config.federation.rounds)

@@ -51,12 +51,12 @@ def uri_exists(uri: str) -> bool:
 
 
 @contextlib.contextmanager
-def located(location: str | None, resume: bool, default: Path) -> Iterator[Path]:
-    """The local RUN_DIR a run writes to: `location` itself (a folder), `default` when None, or a
+def located(location: str | None, resume: bool) -> Iterator[Path | None]:
+    """The local RUN_DIR a run writes to: `location` itself (a folder; None when not given), or a
     staging folder for a URI, copied to the URI when the run ends (and, with `resume`, copied
     from it first)."""
     if not is_uri(location):
-        yield Path(location) if location else default
+        yield Path(location) if location else None
         return
     name = str(location).rstrip("/").rsplit("/", 1)[-1]
     staging = HOME / "staging" / name

@@ -15,8 +15,8 @@ PROFILES = {"phones.yaml"}
 
 
 @pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name not in PROFILES), ids=lambda p: p.name)
-def test_example_configs_validate(path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # example paths are relative to the repository root
+def test_example_configs_validate(path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # paths inside a config are relative to the config file, not the working directory
     cfg = load_config(path)
     assert cfg.federation.rounds >= 1
     if cfg.devices.profile.endswith(".yaml"):

@@ -1,0 +1,143 @@
+"""A user's day: config paths relative to their file, Tune's scheduler fitted to the rounds, the
+catalog without torch, did-you-mean, default profiles and the collapse warning, URI RUN_DIRs."""
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rayfl import catalog
+from rayfl.cli import main
+from rayfl.config import ConfigError
+from rayfl.loader import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PHONES = ROOT / "tests" / "devices" / "phones.yaml"
+SMALL = ["federation.rounds=1", "federation.clients_per_round=2", "data.num_clients=4", "model.name=mlp"]
+
+
+def test_paths_in_a_config_are_read_against_its_folder_and_stored_absolute(tmp_path, monkeypatch):
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "phones.yaml").write_text(PHONES.read_text())
+    (folder / "run.yaml").write_text("devices: {profile: phones.yaml}\nmodel: {name: mlp, init_weights: w.pt}\n")
+    (folder / "w.pt").write_bytes(b"")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(folder / "run.yaml")
+    assert cfg.devices.profile == str(folder / "phones.yaml") and cfg.model.init_weights == folder / "w.pt"
+    # A built-in profile name stays a name; a --set path is read against the working directory.
+    assert load_config(None, ["devices.profile=jetson"]).devices.profile == "jetson"
+    (elsewhere / "mine.yaml").write_text(PHONES.read_text())
+    assert load_config(None, ["devices.profile=mine.yaml"]).devices.profile == str(elsewhere / "mine.yaml")
+
+
+def test_a_run_dir_config_resumes_from_any_folder(tmp_path, monkeypatch):
+    (tmp_path / "phones.yaml").write_text(PHONES.read_text())
+    (tmp_path / "run.yaml").write_text("devices: {profile: phones.yaml}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "run.yaml", "--local", "--out", "r", *[a for s in SMALL for a in ("--set", s)]]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    assert main(["run", "--local", "--resume", str(tmp_path / "r"), "--set", "federation.rounds=2"]) == 0
+    assert len(pd.read_parquet(tmp_path / "r" / "metrics.parquet")) == 2
+
+
+def test_tune_base_is_relative_to_the_tune_file_and_asha_fits_the_rounds(tmp_path, monkeypatch):
+    from tune.run import scheduler
+    from tune.spec import load_experiment
+
+    monkeypatch.chdir(tmp_path)
+    exp = load_experiment(ROOT / "tune" / "fedprox_mu.yaml", ["federation.rounds=5"])  # the spec's grace period is 10
+    assert (exp.max_rounds, exp.grace_period) == (5, 5)
+    asha = scheduler(exp)  # Ray's own bounds check (grace_period <= max_t) passes
+    assert asha._max_t == 5
+    assert load_experiment(ROOT / "tune" / "fedprox_mu.yaml").grace_period == 10
+    (tmp_path / "t.yaml").write_text(
+        "base: {devices: {profile: phones.yaml}}\nsearch: {federation.rounds: {grid: [2, 3]}}\nscheduler: {name: asha, grace_period: 4}\n"
+    )
+    (tmp_path / "phones.yaml").write_text(PHONES.read_text())
+    monkeypatch.chdir(ROOT)
+    exp = load_experiment(tmp_path / "t.yaml")
+    assert exp.base["devices"]["profile"] == str(tmp_path / "phones.yaml") and (exp.max_rounds, exp.grace_period) == (3, 3)
+
+
+def test_the_catalog_lists_every_registered_name_and_only_those():
+    from rayfl.algorithms import registry
+    from rayfl.data import sources
+    from rayfl.models import families
+
+    assert set(catalog.ALGORITHMS) == set(registry.algorithms())
+    assert set(catalog.DATASETS) == set(sources())
+    assert set(catalog.MODELS) == set(families())
+    with pytest.raises(ValueError, match="not in rayfl/catalog.py"):
+        catalog.summary(catalog.ALGORITHMS, "algorithm", "fedunknown")
+
+
+def test_rayfl_list_imports_no_torch_and_aligns_its_columns():
+    code = "import sys; from rayfl.cli import main; main(['list']); print('torch' in sys.modules, file=sys.stderr)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr.strip() == "False"
+    rows = [line for line in out.stdout.splitlines() if line.startswith("  ")]
+    starts = {len(line) - len(line[2:].split("  ", 1)[1].lstrip()) for line in rows}
+    assert len(rows) == len(catalog.ALGORITHMS) + len(catalog.DATASETS) + len(catalog.MODELS) + len(catalog.profiles())
+    assert len(starts) == 1  # every summary in one column, the longest name (exclusivefl_depth) included
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("federation.rouns=3", "federation.rouns: unknown key (did you mean 'rounds'?)"),
+        ("data.partition.alpah=1", "data.partition.alpah: unknown key (did you mean 'alpha'?)"),
+        ("algorithm.name=fedav", "algorithm.name: unknown algorithm 'fedav' (did you mean 'fedavg'?)"),
+        ("devices.profile=jetsn", "devices.profile: 'jetsn' is neither"),
+    ],
+)
+def test_unknown_keys_and_names_suggest_the_closest(override, message):
+    from rayfl.devices import configured_profile
+
+    with pytest.raises(ConfigError) as err:
+        configured_profile(load_config(None, [override]).devices)  # a profile is read when the federation is built
+    assert str(err.value).startswith(message)
+    assert override != "devices.profile=jetsn" or str(err.value).endswith("(did you mean 'jetson'?)")
+
+
+def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(caplog, tmp_path, monkeypatch):
+    from rayfl.engine import prepare
+
+    monkeypatch.setattr(logging.getLogger("rayfl"), "propagate", True)  # `main` (another test) may have turned it off
+    assert load_config(None, ["algorithm.name=mfedepth"]).devices.profile == "fedepth_fair"
+    assert load_config(None, ["algorithm.name=exclusivefl"]).devices.profile == "fedepth_fair"
+    assert load_config(None, ["algorithm.name=mfedepth", "devices.profile=jetson"]).devices.profile == "jetson"
+    assert load_config(None, ["algorithm.name=fedavg"]).devices.profile == "jetson"
+    caplog.set_level(logging.WARNING, logger="rayfl")
+    for overrides, warns in [
+        (["algorithm.name=mfedepth"], False),
+        (["algorithm.name=mfedepth", "devices.profile=jetson"], True),
+        (["algorithm.name=exclusivefl", "devices.profile=jetson"], True),
+        (["algorithm.name=exclusivefl"], False),
+        (["algorithm.name=heterofl", "devices.profile=jetson"], False),  # dynamic levels: the profile plays no part
+    ]:
+        caplog.clear()
+        prepare(load_config(None, overrides), tmp_path / "r")
+        lines = [r.getMessage() for r in caplog.records]
+        assert bool(lines) == warns, (overrides, lines)
+        if warns:
+            assert len(lines) == 1 and lines[0].endswith("so it runs as its baseline; its paper's setting: devices.profile=fedepth_fair")
+
+
+def test_a_run_out_to_a_uri_lands_there_and_resumes_from_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("rayfl.storage.HOME", tmp_path / "home")
+    uri = f"file://{tmp_path}/store/run1"
+    sets = [a for s in SMALL for a in ("--set", s)]
+    assert main(["run", "--local", "--out", uri, *sets]) == 0
+    assert len(pd.read_parquet(tmp_path / "store" / "run1" / "metrics.parquet")) == 1
+    assert main(["run", "--local", "--resume", uri, "--set", "federation.rounds=2"]) == 0
+    assert len(pd.read_parquet(tmp_path / "store" / "run1" / "metrics.parquet")) == 2
+    assert main(["run", "--local", "--out", "nosuch://x/y", *sets]) == 2 and not (tmp_path / "home").joinpath("staging", "y").exists()
