@@ -49,6 +49,7 @@ DATASETS = {
     "cifar10": "torchvision CIFAR10 (10 classes) from data.data_dir",
     "cifar100": "torchvision CIFAR100 (100 classes) from data.data_dir",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes); no download",
+    "hf": "a Hugging Face dataset (data.path: hub id or local folder / file; data.features: image or text, label) through the datasets library",
     "fashion_mnist": "torchvision FashionMNIST (10 classes) from data.data_dir",
     "mnist": "torchvision MNIST (10 classes) from data.data_dir",
     "mnist1d": "MNIST-1D (Greydanus 2020), generated locally with the mnist1d package; 4000/1000, length 40",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from .config_devices import DevicesConfig
 from .configbase import ConfigError as ConfigError, Strict  # ConfigError: every module raises it from here
@@ -69,13 +69,25 @@ class SampledPartition(Strict):
 
 
 class NaturalPartition(Strict):
-    """The dataset's own clients (`synthetic` generates one distribution per client)."""
+    """The dataset's own clients: `synthetic` generates one distribution per client; a Hugging
+    Face dataset with a client column (FEMNIST's writers) splits `by` it."""
 
     kind: Literal["natural"] = "natural"
+    by: str | None = Field(None, description="the column naming each sample's client (data.name: hf); its values in sorted order are clients 0, 1, ...")
+
+
+class FlwrPartition(Strict):
+    """A Flower Datasets partitioner (`flwr_datasets.partitioner.<partitioner>`, installed
+    separately: pip install flwr-datasets) over a Hugging Face dataset's training split, built
+    with `num_partitions = data.num_clients` and the other keys given here (alpha, partition_by, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: Literal["flwr"] = "flwr"
+    partitioner: str = Field(description="a class of flwr_datasets.partitioner, e.g. DirichletPartitioner")
 
 
 PartitionConfig = Annotated[
-    Union[IidPartition, DirichletPartition, ShardsPartition, NonIidLevelPartition, SampledPartition, NaturalPartition],
+    Union[IidPartition, DirichletPartition, ShardsPartition, NonIidLevelPartition, SampledPartition, NaturalPartition, FlwrPartition],
     Field(discriminator="kind"),
 ]
 
@@ -90,6 +102,22 @@ class SyntheticConfig(Strict):
     mean_samples: int = Field(100, ge=4, description="mean of the log-normal client sizes")
 
 
+class HFFeatures(Strict):
+    """Which columns of a Hugging Face dataset are the input and the label."""
+
+    image: str | None = Field(None, description="an image column: decoded, resized to image_size, scaled and standardized")
+    text: str | None = Field(None, description="a text column: hashed into text_dim token counts (scikit-learn's HashingVectorizer), l2-normed")
+    label: str = "label"
+    image_size: tuple[int, int] | None = Field(None, description="[H, W] every image is resized to (default: the first training image's)")
+    text_dim: int = Field(1024, ge=1, description="features of a hashed text")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "HFFeatures":
+        if (self.image is None) == (self.text is None):
+            raise ValueError("data.features: name one input column, image or text")
+        return self
+
+
 class DataConfig(Strict):
     name: str = "digits"
     data_dir: Path | None = None
@@ -97,6 +125,20 @@ class DataConfig(Strict):
     num_clients: int = Field(20, ge=1)
     partition: PartitionConfig = DirichletPartition()
     synthetic: SyntheticConfig = SyntheticConfig()
+    path: str | None = Field(None, description="data.name hf: a Hugging Face hub id, or a local folder or file (imagefolder, csv, json, parquet)")
+    split: str = Field("train", description="data.name hf: the training split")
+    test_split: str | None = Field("test", description="data.name hf: the test split; when the dataset has none, a seeded 20% of the training split")
+    features: HFFeatures | None = Field(None, description="data.name hf: the input and label columns")
+
+    @model_validator(mode="after")
+    def _hf(self) -> "DataConfig":
+        if self.name == "hf" and (self.path is None or self.features is None):
+            raise ValueError("data: name hf needs data.path and data.features ({image: COLUMN} or {text: COLUMN}, label: COLUMN)")
+        if isinstance(self.partition, FlwrPartition) and self.name != "hf":
+            raise ValueError("data.partition: kind flwr partitions a Hugging Face dataset (data.name: hf)")
+        if isinstance(self.partition, NaturalPartition) and self.partition.by is not None and self.name != "hf":
+            raise ValueError("data.partition.by: splits a Hugging Face dataset by a column (data.name: hf)")
+        return self
 
 
 # ----------------------------------------------------------------------------- model, algorithm

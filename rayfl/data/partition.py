@@ -8,10 +8,13 @@ only when asked (`clients.Sampled`).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
 from .. import rng
-from ..config import ConfigError, DataConfig, DirichletPartition, IidPartition, NaturalPartition, NonIidLevelPartition, SampledPartition, ShardsPartition
+from ..config import ConfigError, DataConfig, DirichletPartition, FlwrPartition, IidPartition, NaturalPartition, NonIidLevelPartition, SampledPartition, ShardsPartition
 from .clients import Clients, Partitioned, Sampled
 from .sources import Dataset, load_dataset
 
@@ -126,6 +129,7 @@ def partition(dataset: Dataset, config: DataConfig, seed: int) -> Clients:
     says, seeded by (seed, "partition"): an exact split, or lazily drawn samples (`sampled`)."""
     spec, n = config.partition, config.num_clients
     g = rng.generator(seed, "partition")
+    columns, dataset = dataset.columns, dataclasses.replace(dataset, columns=None)  # clients carry arrays only
     y, c = dataset.y_train, dataset.num_classes
     test = None
     if isinstance(spec, SampledPartition):
@@ -140,9 +144,49 @@ def partition(dataset: Dataset, config: DataConfig, seed: int) -> Clients:
         train = dirichlet_unbalanced(y, n, spec.alpha, spec.min_size, g, c)
     elif isinstance(spec, ShardsPartition):
         train, test = shards(y, dataset.y_test, n, spec.classes_per_client, g, c)
-    else:  # natural: only a generated federation has its own clients
-        raise ConfigError(f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level or sampled")
+    elif isinstance(spec, FlwrPartition):
+        train = flwr(dataset.name, columns, spec, n)
+    elif isinstance(spec, NaturalPartition) and spec.by is not None:
+        train = by_column(dataset.name, columns, spec.by, n)
+    else:  # natural: only a generated federation, or a dataset with a client column, has its own clients
+        raise ConfigError(f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level, sampled (or natural with by: COLUMN for a Hugging Face dataset)")
     return Partitioned(dataset, train, test)
+
+
+def by_column(name: str, columns: Any, column: str, num_clients: int) -> list[np.ndarray]:
+    """The natural split by a client column of the training split's `columns`: client k holds
+    the samples of the column's k-th value in sorted order; the first `num_clients` values when
+    there are more."""
+    if columns is None or column not in columns.column_names:
+        have = ", ".join(columns.column_names) if columns is not None else "none"
+        raise ConfigError(f"data.partition.by: no column {column!r} in {name} (columns: {have})")
+    values = np.asarray(columns[column])
+    keys, owner = np.unique(values, return_inverse=True)
+    if num_clients > len(keys):
+        raise ConfigError(f"data.num_clients: {num_clients} clients, but column {column!r} has {len(keys)} distinct values")
+    order = np.argsort(owner, kind="stable")
+    bounds = np.cumsum(np.bincount(owner, minlength=len(keys)))[:-1]
+    return np.split(order, bounds)[:num_clients]
+
+
+def flwr(name: str, columns: Any, spec: FlwrPartition, num_clients: int) -> list[np.ndarray]:
+    """Client k's samples as the Flower Datasets partitioner assigns them: the partitioner reads
+    the training split (an index column added to it) and `load_partition(k)` returns its rows."""
+    try:
+        import flwr_datasets.partitioner as partitioners
+    except ImportError:
+        raise ConfigError("data.partition.kind: flwr needs Flower Datasets: pip install flwr-datasets") from None
+    cls = getattr(partitioners, spec.partitioner, None)
+    if cls is None:
+        raise ConfigError(f"data.partition.partitioner: flwr_datasets.partitioner has no {spec.partitioner!r}")
+    if columns is None:
+        raise ConfigError(f"data.partition.kind: flwr partitions a Hugging Face dataset (data.name: hf), not {name}")
+    try:
+        partitioner = cls(num_partitions=num_clients, **(spec.model_extra or {}))
+        partitioner.dataset = columns.add_column("__rayfl_index__", np.arange(len(columns)))
+        return [np.sort(np.asarray(partitioner.load_partition(k)["__rayfl_index__"], np.int64)) for k in range(num_clients)]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"data.partition: {spec.partitioner}: {str(exc).splitlines()[0]}") from None
 
 
 def load_clients(config: DataConfig, seed: int) -> Clients:

@@ -28,6 +28,10 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    columns: Any = None
+    """The training split's other columns where a source has them (a Hugging Face dataset's,
+    as a `datasets.Dataset` without its input column): for `natural` by a column and for Flower
+    Datasets' partitioners."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
