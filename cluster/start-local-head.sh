@@ -4,7 +4,7 @@
 # Then: rayfl submit CONFIG.yaml --address http://127.0.0.1:8265 --wait --fetch
 # Ray's own clients (`ray job submit`, `ray status`) need RAY_AUTH_MODE=token in *their* shell:
 #   export RAY_AUTH_MODE=token   (this script cannot set it for the shell that runs it)
-# Metrics (README, "Watching a run"): Prometheus and Grafana with the configs Ray writes under
+# Metrics (docs/watching.md): Prometheus and Grafana with the configs Ray writes under
 # /tmp/ray/session_latest/metrics; this script adds cluster/grafana/rayfl.json to Ray's dashboards.
 # Stop with `ray stop` (note: it stops every Ray process on this host).
 set -euo pipefail

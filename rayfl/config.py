@@ -1,6 +1,6 @@
 """Run configuration schema: validated, frozen pydantic models (no registry is imported here).
 
-The key names are the ones README.md's Config section documents. Unknown keys and
+The key names are the ones docs/config.md documents. Unknown keys and
 wrong types are errors that name the offending key (`ConfigError`, worded by
 `configfile.format_error`). `rayfl.loader` reads YAML,
 applies `--set` overrides and validates the model and algorithm sections with the config class

@@ -62,7 +62,7 @@ def test_resume_extends_a_run_in_place(tmp_path):
     assert both.returncode == 2 and "takes the run's own config.yaml" in both.stderr
 
 
-# Every bad input of the README's list: exit 2, one line naming the key or file, nothing written,
+# Every bad input of docs/cli.md's list: exit 2, one line naming the key or file, nothing written,
 # on Ray and with --local alike (all are found before a cluster would start).
 BAD_INPUTS = [
     (["--set", "federation.bogus=1"], "federation.bogus: unknown key"),

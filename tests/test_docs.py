@@ -1,0 +1,33 @@
+"""The front door stays small and the docs site leads to every paper's commands in two clicks."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPERS = ["heterofl", "fedepth", "fedsup", "inclusivefl", "mergesfl"]
+
+
+def test_readme_is_short_and_keeps_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    assert 'pip install torch==2.14.1 torchvision==0.29.1 -e . && rayfl run' in text
+    assert 'pip install torch==2.14.1 torchvision==0.29.1 -e ".[test]" && python -m pytest' in text
+    assert "python -m pytest" in (ROOT / ".ci" / "run").read_text() and "mkdocs build --strict" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_each_paper_page_opens_with_its_commands_and_the_front_page_links_it():
+    front = (ROOT / "docs" / "index.md").read_text()
+    for paper in PAPERS:
+        assert f"]({paper}.md)" in front  # click one
+        head = "\n".join((ROOT / "docs" / f"{paper}.md").read_text().splitlines()[:20])
+        block = re.search(r"```bash\n(.*?)```", head, re.S)  # click two: the commands at the top
+        assert block and re.search(r"python bench/\w+\.py", block.group(1)), paper
+
+
+def test_every_docs_page_is_in_the_site_navigation():
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    listed = set(re.findall(r"[\w-]+\.md", yaml.safe_dump(nav)))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages == listed
