@@ -228,6 +228,27 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"rayfl: error: {message}\n")
 
 
+def add_jobs(sub: argparse._SubParsersAction) -> None:
+    """`rayfl submit` and `rayfl fetch` (rayfl/jobs.py)."""
+    submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
+    submit.add_argument("config", nargs="?", help="config YAML")
+    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    submit.add_argument("--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)")
+    submit.add_argument("--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status")
+    submit.add_argument("--fetch", action="store_true", help="with --wait: then copy the RUN_DIR here (as rayfl fetch)")
+    submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./<job id>)")
+    submit.add_argument("--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job")
+    submit.set_defaults(func=cmd_submit)
+
+    fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
+    fetch.add_argument("job", metavar="JOB_ID")
+    fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    fetch.add_argument("--to", metavar="DIR", help="where to (default ./<RUN_DIR name>)")
+    fetch.add_argument("--client-port", type=int, default=10001, help="the head's Ray Client port, for a RUN_DIR only the cluster reads (default 10001)")
+    fetch.set_defaults(func=cmd_fetch)
+
+
 def add_traces(sub: argparse._SubParsersAction) -> None:
     """`rayfl traces generate | import-fedscale`."""
     traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
@@ -262,23 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress", choices=["bar", "lines"], default="bar", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
 
-    submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
-    submit.add_argument("config", nargs="?", help="config YAML")
-    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
-    submit.add_argument("--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)")
-    submit.add_argument("--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status")
-    submit.add_argument("--fetch", action="store_true", help="with --wait: then copy the RUN_DIR here (as rayfl fetch)")
-    submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./<job id>)")
-    submit.add_argument("--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job")
-    submit.set_defaults(func=cmd_submit)
-
-    fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
-    fetch.add_argument("job", metavar="JOB_ID")
-    fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
-    fetch.add_argument("--to", metavar="DIR", help="where to (default ./<RUN_DIR name>)")
-    fetch.add_argument("--client-port", type=int, default=10001, help="the head's Ray Client port, for a RUN_DIR only the cluster reads (default 10001)")
-    fetch.set_defaults(func=cmd_fetch)
+    add_jobs(sub)
 
     tune = sub.add_parser("tune", help="search a federation's hyperparameters and device mixes with Ray Tune")
     tune.add_argument("tune", metavar="TUNE", help="TUNE.yaml: a base run config, a search section, metric, scheduler")

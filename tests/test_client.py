@@ -60,7 +60,7 @@ class TwoStage(ClientProcedure):
 
 @pytest.fixture
 def two_stage(monkeypatch):
-    alg = registry.Algorithm("twostage", "test-only: two training stages", TwoStageConfig, FedAvgPolicy, TwoStage)
+    alg = registry.Algorithm("twostage", TwoStageConfig, FedAvgPolicy, TwoStage)
     monkeypatch.setitem(registry._ALGORITHMS, "twostage", alg)
     return load_config(None, ["algorithm.name=twostage", "model.name=mlp", "model.hidden=[16, 16]", "federation.rounds=2", "federation.clients_per_round=3", "federation.momentum=0.9"])
 
