@@ -75,10 +75,10 @@ def client(address: str) -> Any:
 def submit(config: RunConfig, address: str, out: str | None = None, verbose: bool = False) -> str:
     """Submit one federation as a Ray job with this repository as its working dir; returns the
     job's submission id, which names the run (and is its RUN_DIR's name by default). Ray's INFO
-    lines about packaging the working dir only when `verbose`."""
+    and WARNING lines about packaging the working dir only when `verbose`."""
     jobs = client(address)
     for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):  # the SDK sets INFO when imported
-        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
     name = job_id(config)
     entry = ["python", "-m", "rayfl", "run", "--config-env", "RAYFL_CONFIG", "--progress", "lines"]
     if out:
