@@ -1,21 +1,40 @@
-"""The entry point that puts a federation on Ray: `rayfl.api.run(config)`.
+"""The entry points that put federations on Ray: `rayfl.api.run(config)`, and runs as Ray jobs
+(`rayfl submit`, named after the run with a quiet `--wait`, and `rayfl fetch`).
 
-This module, `rayfl.jobs` (Ray jobs) and `rayfl.cli` are the only parts of `rayfl` that touch
-Ray, and they import Ray lazily, inside the functions.
+This module and `rayfl.cli` are the only parts of `rayfl` that touch Ray, and they import Ray
+lazily, inside the functions.
+
+A submitted run is a job whose submission id names it (`rayfl-<algorithm>-<dataset>-<time>`)
+and whose metadata carries the algorithm, dataset and run id, so the dashboard's Jobs page
+tells runs apart. Its resolved config travels in the job's environment (`RAYFL_CONFIG`), not
+its command line. Where its RUN_DIR lands: `rayfl.storage`. `rayfl fetch JOB_ID` reads the
+RUN_DIR the job printed (`rayfl: RUN_DIR <location>`) from its logs and copies it here: from a
+URI through `pyarrow.fs`, from a folder this machine can read directly, else through a Ray task
+on the job's node (Ray Client, `ray://HOST:10001`).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
+import re
+import secrets
+import shlex
+import tarfile
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlparse
 
-from . import checkpoint
-from .config import RunConfig
+import yaml
+
+from . import checkpoint, storage
+from .config import ConfigError, RunConfig, to_dict
 from .engine import Progress, Start, new_run_dir, prepare
+from .loader import PATHS
 
 log = logging.getLogger("rayfl")
 
@@ -132,3 +151,206 @@ def resume_hint(run_dir: Path) -> str:
     if checkpoint.exists(run_dir):
         return f"continue it with: rayfl run --resume {run_dir}"
     return "no checkpoint was written yet; start it again"
+
+
+T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN_DIR_LINE = re.compile(r"^rayfl: RUN_DIR (\S+)\s*$", re.M)
+"""The line a run inside a job prints first: where its RUN_DIR is (`fetch` reads it back)."""
+PROGRESS_LINE = re.compile(r"^rayfl: round (\d+)/(\d+) acc (\S+) vtime (\S+)s\s*$")
+"""The line a run inside a job prints per round (`--progress lines`); `wait` turns it into a bar."""
+
+
+def auth_headers() -> dict[str, str]:
+    """The bearer token the way Ray's clients find it: $RAY_AUTH_TOKEN, the file at
+    $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token. Empty when there is none (auth off)."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+        if path.is_file():
+            token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def job_id(config: RunConfig) -> str:
+    """`rayfl-<algorithm>-<dataset>-<YYYYmmdd-HHMMSS>-<4 hex>`: the run's name, unique."""
+    return f"rayfl-{config.algorithm.name}-{config.data.name}-{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def portable(config: RunConfig) -> dict[str, Any]:
+    """The config as the job reads it: paths inside this repository relative to it (the job's
+    working dir is a copy of it), the others as they are."""
+    raw = to_dict(config)
+    for section, key in PATHS:
+        value = raw.get(section, {}).get(key)
+        if isinstance(value, str) and Path(value).is_absolute() and Path(value).resolve().is_relative_to(REPO_ROOT):
+            raw[section][key] = str(Path(value).resolve().relative_to(REPO_ROOT))
+    return raw
+
+
+def client(address: str) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    return retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
+
+
+def submit(config: RunConfig, address: str, out: str | None = None, verbose: bool = False) -> str:
+    """Submit one federation as a Ray job with this repository as its working dir; returns the
+    job's submission id, which names the run (and is its RUN_DIR's name by default). Ray's INFO
+    and WARNING lines about packaging the working dir only when `verbose`."""
+    jobs = client(address)
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):  # the SDK sets INFO when imported
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
+    name = job_id(config)
+    entry = ["python", "-m", "rayfl", "run", "--config-env", "RAYFL_CONFIG", "--progress", "lines"]
+    if out:
+        entry += ["--out", out]
+    return retried(
+        lambda: jobs.submit_job(
+            entrypoint=shlex.join(entry),
+            submission_id=name,
+            runtime_env={
+                "working_dir": str(REPO_ROOT),
+                "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", "site/"],
+                "env_vars": {"RAYFL_CONFIG": yaml.safe_dump(portable(config), sort_keys=False)},
+            },
+            metadata={"algorithm": config.algorithm.name, "dataset": config.data.name, "run_id": name, "out": out or ""},
+        ),
+        "submitting the job",
+    )
+
+
+TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused")
+"""What a dashboard says while its head node is still coming up (its job agent not registered yet)."""
+
+
+def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
+    """`call()`, retried with doubling waits (0.5 s up to 8 s) while it fails transiently, for at
+    most `budget_s` seconds; a lasting or other error is raised as it is."""
+    delay, started = 0.5, time.monotonic()
+    while True:
+        try:
+            return call()
+        except (RuntimeError, ConnectionError) as exc:
+            message = str(exc)
+            if not any(t in message for t in TRANSIENT) or time.monotonic() - started + delay > budget_s:
+                raise
+            log.info(f"{what}: {message.splitlines()[0]} (retrying in {delay:g} s)")
+            time.sleep(delay)
+            delay = min(2 * delay, 8.0)
+
+
+class Quiet:
+    """A job's log lines as `rayfl submit --wait` shows them: the run's per-round lines as a bar,
+    its `rayfl:` notices and its last line (RUN_DIR and accuracy) as they are, the rest (Ray's
+    INFO lines, the config) dropped."""
+
+    def __init__(self, write: Callable[[str], Any]):
+        self.write, self.bar = write, None
+
+    def __call__(self, line: str) -> None:
+        from tqdm import tqdm
+
+        step = PROGRESS_LINE.match(line)
+        if step:
+            done, total, acc, vtime = step.groups()
+            if self.bar is None:
+                self.bar = tqdm(total=int(total), initial=int(done) - 1, unit="round", dynamic_ncols=True)
+            self.bar.set_postfix(acc=acc, vtime=f"{float(vtime):.0f}s", refresh=False)
+            self.bar.update(1)
+        elif line.startswith("rayfl: ") or ": final test accuracy " in line:
+            self.close()
+            self.write(line + "\n")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def wait(address: str, job: str, verbose: bool = False) -> int:
+    """Follow a job until it ends; 0 if it succeeded, 1 otherwise. Quiet (`Quiet`) unless
+    `verbose`, which streams every log line."""
+    import asyncio
+    import sys
+
+    from ray.job_submission import JobStatus
+
+    jobs = client(address)
+    quiet = Quiet(sys.stdout.write)
+
+    async def tail() -> None:
+        pending = ""
+        async for chunk in jobs.tail_job_logs(job):
+            if verbose:
+                print(chunk, end="", flush=True)
+                continue
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                quiet(line)
+        if pending and not verbose:
+            quiet(pending)
+
+    asyncio.run(tail())
+    quiet.close()
+    status = jobs.get_job_status(job)
+    if status != JobStatus.SUCCEEDED:
+        print(f"rayfl: job {job} {status.value.lower()}", file=sys.stderr)
+    return 0 if status == JobStatus.SUCCEEDED else 1
+
+
+def run_dir_of(address: str, job: str) -> str:
+    """The RUN_DIR location a job's run printed."""
+    found = RUN_DIR_LINE.search(retried(lambda: client(address).get_job_logs(job), "reading the job's logs"))
+    if not found:
+        raise ConfigError(f"{job}: its logs name no RUN_DIR (a job not started by rayfl, or not started yet)")
+    return found.group(1)
+
+
+def fetch(address: str, job: str, to: str | Path | None = None, client_port: int = 10001) -> Path:
+    """Copy a job's RUN_DIR to `to` (default: ./<its name>); returns the local folder."""
+    try:
+        info = client(address).get_job_info(job)
+    except RuntimeError as exc:
+        raise ConfigError(f"{job}: {str(exc).splitlines()[0]}") from None
+    location = run_dir_of(address, job)
+    target = Path(to) if to else Path.cwd() / location.rstrip("/").rsplit("/", 1)[-1]
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"--to {target}: exists and is not empty")
+    if storage.is_uri(location) or Path(location).is_dir():  # a URI, or a folder this machine reads (same host, shared filesystem)
+        storage.copy_tree(location, str(target))
+    else:
+        unpack(packed_on_node(address, info.driver_node_id, location, client_port), target)
+    return target
+
+
+def packed_on_node(address: str, node_id: str, location: str, client_port: int) -> bytes:
+    """The folder at `location` on node `node_id`, as a tar archive, read by a Ray task placed
+    there (over Ray Client: the dashboard's host, `client_port`)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    host = urlparse(address).hostname
+    with ray.init(address=f"ray://{host}:{client_port}", logging_level=logging.ERROR):
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        return ray.get(ray.remote(num_cpus=0, scheduling_strategy=strategy)(pack).remote(location))
+
+
+def pack(location: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(location, arcname=".")
+    return buffer.getvalue()
+
+
+def unpack(data: bytes, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(target, filter="data")  # no absolute paths, links out, or devices
+
+
+def validate_address(address: str) -> str:
+    if not address.startswith(("http://", "https://")):
+        raise ConfigError(f"--address: {address!r} is not a dashboard URL (http://HOST:8265)")
+    return address

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from importlib import resources
+from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
@@ -82,10 +83,15 @@ def summary(table: dict[str, str], kind: str, name: str) -> str:
     return table[name]
 
 
+def profile_files() -> dict[str, Path]:
+    """Built-in device profiles: name -> its YAML file in `rayfl/devices/profiles/`."""
+    folder = resources.files("rayfl") / "devices" / "profiles"  # not rayfl.devices: its package imports torch
+    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".yaml")}
+
+
 def profiles() -> dict[str, dict[str, Any]]:
     """Built-in device profiles: name -> the raw YAML mapping (validated when a run loads it)."""
-    folder = resources.files("rayfl") / "devices" / "profiles"  # not rayfl.devices: its package imports torch
-    return {p.name.removesuffix(".yaml"): yaml.safe_load(p.read_text()) for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".yaml")}
+    return {name: yaml.safe_load(path.read_text()) for name, path in profile_files().items()}
 
 
 def closest(name: str, known: Iterable[str]) -> str:

@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 import yaml
 
@@ -24,18 +24,23 @@ from .configbase import ConfigError
 
 class ProgressBar:
     """A tqdm bar of rounds with accuracy and virtual time, opened at the first finished round
-    (a resumed run's bar starts at the rounds it already has)."""
+    (a resumed run's bar starts at the rounds it already has). With `lines`, one `rayfl: round
+    r/R acc A vtime T s` line per round on stderr instead: a job's progress, which `rayfl submit
+    --wait` draws as a bar (`rayfl.api.PROGRESS_LINE`)."""
 
-    def __init__(self, total: int):
-        self.total = total
+    def __init__(self, total: int, lines: bool = False):
+        self.total, self.lines = total, lines
         self.bar = None
 
     def __call__(self, row: Mapping[str, Any]) -> None:
         from tqdm import tqdm
 
+        acc = row["test_accuracy"]
+        if self.lines:
+            print(f"rayfl: round {row['round']}/{self.total} acc {'-' if math.isnan(acc) else f'{acc:.4f}'} vtime {row['virtual_time_s']:.1f}s", file=sys.stderr, flush=True)
+            return
         if self.bar is None:
             self.bar = tqdm(total=self.total, initial=row["round"] - 1, unit="round", dynamic_ncols=True)
-        acc = row["test_accuracy"]
         self.bar.set_postfix(acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s", refresh=False)
         self.bar.update(1)  # the count and this round's figures appear together
 
@@ -75,20 +80,9 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
         if args.config:
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
         return load_config(Path(resume_dir or args.resume) / "config.yaml", args.set)
-    if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.jobs.submit)
+    if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.api.submit)
         return parse_config(with_overrides(yaml.safe_load(os.environ.get(args.config_env, "")) or {}, args.set))
     return load_config(args.config, args.set)
-
-
-def progress_lines(total: int) -> Callable[[Mapping[str, Any]], None]:
-    """One `rayfl: round r/R acc A vtime T s` line per round on stderr: a job's progress, which
-    `rayfl submit --wait` draws as a bar (`rayfl.jobs.PROGRESS_LINE`)."""
-
-    def line(row: Mapping[str, Any]) -> None:
-        acc = row["test_accuracy"]
-        print(f"rayfl: round {row['round']}/{total} acc {'-' if math.isnan(acc) else f'{acc:.4f}'} vtime {row['virtual_time_s']:.1f}s", file=sys.stderr, flush=True)
-
-    return line
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -104,9 +98,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .runner import run_local
 
         run_dir = staged or (storage.HOME / "runs" / job if job else new_run_dir(config))  # a job's run outlives its temporary working dir
+        shown = location if storage.is_uri(location) else run_dir.resolve() if job else run_dir  # a job's is absolute: it is read from elsewhere
         if job:
-            print(f"rayfl: RUN_DIR {location if storage.is_uri(location) else run_dir.resolve()}", file=sys.stderr, flush=True)
-        bar = ProgressBar(config.federation.rounds) if args.progress == "bar" else progress_lines(config.federation.rounds)
+            print(f"rayfl: RUN_DIR {shown}", file=sys.stderr, flush=True)
+        bar = ProgressBar(config.federation.rounds, lines=args.progress == "lines")
         try:
             if args.local:
                 summary = run_local(config, run_dir, progress=bar, resume=resume)
@@ -116,10 +111,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
                     summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
         finally:
-            getattr(bar, "close", lambda: None)()
+            bar.close()
     acc = summary["final_test_accuracy"]
-    where = location if storage.is_uri(location) else run_dir.resolve() if job else run_dir
-    print(f"{where}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
+    print(f"{shown}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
     return 0
 
 
@@ -157,26 +151,26 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from . import jobs, storage
+    from . import api, storage
 
     config = _config(args)
-    address = jobs.validate_address(args.address)
+    address = api.validate_address(args.address)
     storage.check_location(args.out)
-    job = jobs.submit(config, address, out=args.out, verbose=args.verbose)
+    job = api.submit(config, address, out=args.out, verbose=args.verbose)
     print(job, flush=True)
     if not args.wait:
         print(f"rayfl: follow it on the dashboard's Jobs page; fetch its RUN_DIR with: rayfl fetch {job} --address {address}", file=sys.stderr)
         return 0
-    status = jobs.wait(address, job, verbose=args.verbose)
+    status = api.wait(address, job, verbose=args.verbose)
     if args.fetch and status == 0:
-        print(f"{jobs.fetch(address, job, args.to)}: fetched")
+        print(f"{api.fetch(address, job, args.to)}: fetched")
     return status
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from . import jobs
+    from . import api
 
-    print(f"{jobs.fetch(jobs.validate_address(args.address), args.job, args.to, args.client_port)}: fetched")
+    print(f"{api.fetch(api.validate_address(args.address), args.job, args.to, args.client_port)}: fetched")
     return 0
 
 
@@ -229,7 +223,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_jobs(sub: argparse._SubParsersAction) -> None:
-    """`rayfl submit` and `rayfl fetch` (rayfl/jobs.py)."""
+    """`rayfl submit` and `rayfl fetch` (rayfl/api.py)."""
     submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
     submit.add_argument("config", nargs="?", help="config YAML")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")

@@ -160,7 +160,7 @@ def test_the_progress_bar_of_a_resumed_run_counts_from_its_rounds():
 
 
 def test_submission_retries_transient_errors_for_a_bounded_time():
-    from rayfl.jobs import retried
+    from rayfl.api import retried
 
     calls = []
 

@@ -57,7 +57,7 @@ LAYERS = [
     ["rayfl.checkpoint", "rayfl.loader"],
     ["rayfl.engine"],
     ["rayfl.runner"],
-    ["rayfl.api", "rayfl.jobs", "rayfl.cli", "rayfl.__main__", "rayfl"],
+    ["rayfl.api", "rayfl.cli", "rayfl.__main__", "rayfl"],
 ]
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
 from ..config import ConfigError, DevicesConfig, Strict
 from ..config_devices import mix_shares
-from ..catalog import closest
+from ..catalog import closest, profile_files
 from ..configfile import format_error, read_yaml
 
 
@@ -68,8 +67,7 @@ class DeviceProfile(Strict):
 
 
 def builtin_profiles() -> dict[str, Path]:
-    folder = resources.files("rayfl.devices") / "profiles"
-    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+    return profile_files()
 
 
 def load_profile(spec: str) -> DeviceProfile:

@@ -139,9 +139,9 @@ def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, 
     assert (tmp_path / "here" / "summary.json").read_text() == open(os.path.join(on_head, "summary.json")).read()
     # The same RUN_DIR through a Ray task on the job's node (Ray Client), as for a head this machine cannot read.
     code = (
-        "import sys, pathlib; from rayfl import jobs; "
-        f"info = jobs.client({url!r}).get_job_info({job_id!r}); "
-        f"jobs.unpack(jobs.packed_on_node({url!r}, info.driver_node_id, {on_head!r}, {client_port}), pathlib.Path({str(tmp_path / 'remote')!r}))"
+        "import sys, pathlib; from rayfl import api; "
+        f"info = api.client({url!r}).get_job_info({job_id!r}); "
+        f"api.unpack(api.packed_on_node({url!r}, info.driver_node_id, {on_head!r}, {client_port}), pathlib.Path({str(tmp_path / 'remote')!r}))"
     )
     remote = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert remote.returncode == 0, remote.stderr[-2000:]
