@@ -95,6 +95,10 @@ class ClientActor:
     def close_session(self, client_id: int) -> ClientResult:
         return self.sessions.pop(client_id).close()
 
+    def ready(self) -> bool:
+        """A probe: answers once the actor runs (again, after Ray restarted it)."""
+        return True
+
     def info(self) -> dict[str, Any]:
         import os
 

@@ -3,13 +3,15 @@
 It owns the global model, the server policy, the device population, the virtual clock and
 the metrics writer (the federation the driver built, read from the object store), and runs the
 core's `run_federation` with a `RayExecutor` over the client actors, so its metrics equal the
-in-process runner's. It is a
-threaded actor (two threads): `run` drives the rounds while `progress` answers the driver.
+in-process runner's. It is a threaded actor: `run` drives the rounds while
+`progress` answers the driver. It runs on the head node by default, and Ray restarts it where
+it dies anyway; the driver then runs it again from RUN_DIR's newest checkpoint (`rayfl.api.follow`).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 from typing import Any, Mapping
 
@@ -18,7 +20,9 @@ from ray.util import metrics as ray_metrics
 
 from actors.client import NAMESPACE, actor_name, create_client_actors
 from actors.pool import RayExecutor, check_fits, pool_size
-from rayfl.engine import Federation, Start, run_federation, torch_threads
+from rayfl import checkpoint
+from rayfl.config import ConfigError, RunConfig
+from rayfl.engine import Federation, Start, run_federation, start_of, torch_threads
 
 
 class DashboardMetrics:
@@ -71,7 +75,11 @@ class DashboardMetrics:
                 self.clients.inc(row[column], tags={**self.tags, "status": status})
 
 
-@ray.remote(max_concurrency=2)
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
+
+
+@ray.remote(max_concurrency=3)
 class Coordinator:
     def __init__(self, federation_box: list, run_dir: str, run_id: str, clients: list):
         # Boxed, so the reference arrives unresolved: holding it keeps the federation (and its
@@ -81,9 +89,14 @@ class Coordinator:
         self.run_dir = run_dir
         self.run_id = run_id
         self.metrics: DashboardMetrics | None = None
-        self.executor = RayExecutor(clients, self.federation_ref, self.fed.policy)
+        cfg = self.fed.config
+        self.executor = RayExecutor(
+            clients, self.federation_ref, self.fed.policy, timeout_s=cfg.ray.actor_timeout_s, max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note
+        )
         self._rows: list[dict[str, Any]] = []
+        self._notes: list[str] = []
         self._lock = threading.Lock()
+        self._running = threading.Lock()  # one run at a time (a driver that lost touch asks again)
 
     def warm(self) -> None:
         """While the client actors warm up: the libraries the round loop writes tables with, the
@@ -96,34 +109,69 @@ class Coordinator:
             self.fed.cost_of(self.fed.policy.global_model())
             self.fed.evaluator(self.fed.initial_weights(), self.fed.policy.global_model())
 
-    def run(self, start: Start) -> dict[str, Any]:
-        elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-        self.metrics = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, elapsed)
-        with torch_threads():
-            return run_federation(self.fed, self.executor, self.run_dir, start, self._on_round)
+    def run(self, start: Start | None) -> dict[str, Any]:
+        """The rounds from `start`; None (a coordinator Ray restarted): from RUN_DIR's newest
+        checkpoint, or from round 0 where none was written."""
+        with self._running:
+            if start is None:
+                start = start_of(self.fed, self.run_dir, resume=checkpoint.exists(self.run_dir))
+                with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
+                    self._rows += [dict(row) for row in start.recorder.rounds]
+            elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
+            self.metrics = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, elapsed)
+            with torch_threads():
+                return run_federation(self.fed, self.executor, self.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         self.metrics.record(row, self.executor.alive())
         with self._lock:
             self._rows.append(dict(row))
 
-    def progress(self) -> list[dict[str, Any]]:
-        """Round rows finished since the last call."""
+    def _note(self, line: str) -> None:
+        with self._lock:
+            self._notes.append(line)
+
+    def progress(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Round rows finished and notices (the pool's: actors lost, rounds run again) since the last call."""
         with self._lock:
             rows, self._rows = self._rows, []
-        return rows
+            notes, self._notes = self._notes, []
+        return rows, notes
+
+
+def coordinator_options(config: RunConfig, run_id: str) -> dict[str, Any]:
+    """Where the coordinator runs (`ray.coordinator_node`: the head node by default, where losing
+    it is least likely) and how often Ray restarts it (`ray.coordinator_restarts`)."""
+    node = config.ray.coordinator_node
+    resources = {} if node == "any" else {HEAD_RESOURCE if node == "head" else node: 0.001}
+    return dict(
+        name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0, resources=resources, max_restarts=config.ray.coordinator_restarts, max_task_retries=0
+    )
+
+
+def run_key(run_id: str) -> str:
+    """The run's name in its actors' names: `run_id`, with a short random suffix when a run of
+    that name is already live on the cluster (two RUN_DIRs `a/run` and `b/run`)."""
+    try:
+        ray.get_actor(actor_name(run_id, "client-0"), namespace=NAMESPACE)
+    except ValueError:
+        return run_id
+    return f"{run_id}-{secrets.token_hex(2)}"
 
 
 def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.actor.ActorHandle, list[ray.actor.ActorHandle], ray.ObjectRef]:
     """Put the built federation in the object store once, start the client actors (as many as
     the free resources hold under `num_actors: auto`; `ConfigError` when the asked number can
-    never fit the cluster) and `rayfl:<run_id>:coordinator`, all at once; returns them and the
-    federation's reference (for warming the actors)."""
+    never fit the cluster, or `ray.coordinator_node` names a resource no node has) and
+    `rayfl:<run>:coordinator`, all at once; returns them and the federation's reference (for
+    warming the actors)."""
     num_actors = pool_size(fed.config, ray.available_resources())
     check_fits(fed.config, num_actors, ray.cluster_resources(), ray._private.state.state.get_max_resources_from_cluster_config())
+    node = fed.config.ray.coordinator_node
+    if node not in ("head", "any") and node not in ray.cluster_resources():
+        raise ConfigError(f"ray.coordinator_node: no node of the cluster has a resource {node!r}")
+    key = run_key(run_id)
     fed_ref = ray.put(fed)
-    clients = create_client_actors(fed.config, run_id, num_actors)
-    coordinator = Coordinator.options(name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0).remote(
-        [fed_ref], run_dir, run_id, clients
-    )
+    clients = create_client_actors(fed.config, key, num_actors)
+    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote([fed_ref], run_dir, run_id, clients)
     return coordinator, clients, fed_ref

@@ -1,26 +1,28 @@
 """Pool sizing and the Ray executor: any idle client actor takes the next task.
 
 The executor puts each distinct weights dict in the object store once per round and passes
-the reference, so every actor reads the same arrays zero-copy. A group whose actor dies is
-retried on another actor (a restarted actor rejoins the pool; one that fails `max_attempts`
-calls in a row leaves it); after `max_attempts` tries the client is recorded as failed for
-the round. Tasks travel in groups (`ray.clients_per_call` clients per actor call), each run by
-the core's `run_group`, which returns one partial sum for the group where the algorithm's
-aggregate is a sum. Under `clock: emulate` an actor that finished early holds until its
-clients' scaled virtual times have passed. A server-in-the-loop round pins each session to one actor and
-relays the driver's calls (`ActorRelay`); the executor knows nothing of what they carry.
+the reference, so every actor reads the same arrays zero-copy. Tasks travel in groups
+(`ray.clients_per_call` clients per actor call), each run by the core's `run_group`, which
+returns one partial sum for the group where the algorithm's aggregate is a sum. A group whose
+actor dies goes to another; the actor gets no work until it answers again (Ray restarts it).
+A failure of the infrastructure never passes for a finished round: see `RayExecutor`. Under
+`clock: emulate` an actor that finished early holds until its clients' scaled virtual times
+have passed. A server-in-the-loop round pins each session to one actor and relays the driver's
+calls (`ActorRelay`); the executor knows nothing of what they carry.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import logging
 import math
 import time
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rayfl.algorithms.base import ServerPolicy
 from rayfl.algorithms.exchange import RoundDriver, per_session
@@ -28,6 +30,8 @@ from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine.host import GroupOutcome, exchange_failed, failed_all, settle_all
 from rayfl.engine.round import Pace
+
+log = logging.getLogger("rayfl")
 
 
 def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
@@ -67,23 +71,31 @@ def wait_for_actors(
     """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
     reporting what is still pending every `every_s` seconds (actors that fit the cluster may wait
     for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
-    actor whose constructor failed raises here."""
-    refs = [a.info.remote() if federation_ref is None else a.warm.remote([federation_ref]) for a in actors]
-    owner = dict(zip(refs, actors))
-    started = time.monotonic()
+    actor that dies meanwhile is asked again once Ray restarted it; one whose constructor failed
+    raises here."""
+    call = (lambda a: a.info.remote()) if federation_ref is None else (lambda a: a.warm.remote([federation_ref]))
+    owner = {call(a): a for a in actors}
+    started = reported = time.monotonic()
     while True:
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=every_s)
-        ray.get(ready)
-        if not pending:
+        ready, _ = ray.wait(list(owner), num_returns=len(owner), timeout=every_s)
+        for ref in ready:
+            actor = owner.pop(ref)
+            try:
+                ray.get(ref)
+            except ActorUnavailableError:  # killed while it warmed up, or restarting: ask it again
+                owner[call(actor)] = actor
+        if not owner:
             return
         waited = time.monotonic() - started
         available = ray.available_resources()
         free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
         if waited >= timeout_s:
-            raise RuntimeError(f"{len(pending)} of {len(refs)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})")
-        unplaced = sum(not placed(owner[ref]) for ref in pending)  # the others are placed, starting or warming up
-        if unplaced:
-            report(f"waiting {waited:.0f} s for {unplaced} of {len(refs)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
+            raise RuntimeError(f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})")
+        if time.monotonic() - reported >= every_s:
+            reported = time.monotonic()
+            unplaced = sum(not placed(a) for a in owner.values())  # the others are placed, starting or warming up
+            if unplaced:
+                report(f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
 
 
 def placed(actor: ray.actor.ActorHandle) -> bool:
@@ -98,19 +110,46 @@ def placed(actor: ray.actor.ActorHandle) -> bool:
         return False
 
 
-class RayExecutor:
-    """Dispatches a round's groups of clients over client actors, first idle actor first."""
+class PoolLost(RuntimeError):
+    """The client actors could not carry the run: none answered within `ray.actor_timeout_s`, or
+    a round kept losing more than `federation.max_failed_fraction` of its clients to dying actors."""
 
-    def __init__(self, actors: Sequence[ray.actor.ActorHandle], federation_ref: ray.ObjectRef, policy: ServerPolicy, max_attempts: int = 3):
+
+class RayExecutor:
+    """Dispatches a round's groups of clients over client actors, first idle actor first.
+
+    An actor whose call died (killed, its node lost, restarting) is given no work until it
+    answers a probe (`ClientActor.ready`) again, then rejoins the pool; the group it held goes to
+    another actor. A group counts a try only when an actor that had answered fails it; after
+    `max_attempts` tries its clients are lost to the infrastructure. Where more than
+    `max_failed_fraction` of a submission's clients are lost, the lost groups are run again
+    (they give the same results: every draw is keyed by round and client) up to `max_attempts`
+    times, and said so through `report`; then `PoolLost`. With no actor answering, the pool
+    waits for Ray to restart or replace them, reporting every 5 s, at most `timeout_s`
+    (`ray.actor_timeout_s`); then `PoolLost`."""
+
+    def __init__(
+        self,
+        actors: Sequence[ray.actor.ActorHandle],
+        federation_ref: ray.ObjectRef,
+        policy: ServerPolicy,
+        max_attempts: int = 3,
+        timeout_s: float = 600.0,
+        max_failed_fraction: float = 0.5,
+        report: Callable[[str], None] = log.warning,
+    ):
         self.actors = list(actors)
         self.box = [federation_ref]  # boxed: each actor resolves it itself, once
         self.policy = policy
         self.max_attempts = max_attempts
-        self.down: set[int] = set()  # ids of the actors whose last call died (restarting, or gone)
+        self.timeout_s = timeout_s
+        self.max_failed_fraction = max_failed_fraction
+        self.report = report
+        self.down: set[int] = set()  # ids of the actors whose last call died and that have not answered since
         self.turn = 0  # where the next submission starts among the actors
 
     def alive(self) -> int:
-        """Client actors in the pool whose last call did not die."""
+        """Client actors in the pool that answer (their last call did not die, or a probe since did)."""
         return sum(id(a) not in self.down for a in self.actors)
 
     def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:
@@ -123,8 +162,7 @@ class RayExecutor:
 
     def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
         """Send the first groups to the idle actors now; the returned call feeds the rest to actors
-        as they free up (a group whose actor dies goes to another, `max_attempts` times; then its
-        clients fail) and returns every group's outcome in group order."""
+        as they free up and returns every group's outcome in group order."""
         work = _Dispatch(self, groups, pace)
         work.feed()
         self.turn += len(groups)  # submissions overlap (asynchronous federations): spread them
@@ -134,27 +172,53 @@ class RayExecutor:
         """A group whose call failed as a whole: each client failed, having downloaded the model."""
         return settle_all(self.policy, group, failed_all(group, reason))
 
+    def wait_until_up(self, actors: Sequence[ray.actor.ActorHandle]) -> None:
+        """Block until each of `actors` answers a probe (`PoolLost` after `timeout_s`, a report every 5 s)."""
+        started = reported = time.monotonic()
+        waiting = list(actors)
+        while waiting:
+            try:
+                ray.get([a.ready.remote() for a in waiting])
+            except RayActorError:
+                now = time.monotonic()
+                if now - started > self.timeout_s:
+                    raise PoolLost(f"client actors did not answer within ray.actor_timeout_s = {self.timeout_s:g} s") from None
+                if now - reported >= 5.0:
+                    self.report(f"waiting {now - started:.0f} s for Ray to restart client actors (ray.actor_timeout_s = {self.timeout_s:g} s)")
+                    reported = now
+                time.sleep(0.5)
+                continue
+            self.down -= {id(a) for a in waiting}
+            waiting = []
+
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round with every client's session pinned to one actor for the
         round (round-robin in task order). An actor runs its calls in order; an error in a
-        session or a dying actor fails every session of the round (no retry mid-round)."""
+        session fails every session of the round. A dying actor is waited for and the round's
+        exchange run again from the driver's state at its start (`max_attempts` times; then
+        `PoolLost`)."""
         if not tasks:
             return []
         refs = self.put_weights(tasks)
         homes = [(self.actors[i % len(self.actors)], t.client_id) for i, t in enumerate(tasks)]
-        relay = ActorRelay(homes)
-        relay.pending = [a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
-        try:
-            driver.drive(relay)
-            ray.get(relay.pending)
-            results = ray.get([a.close_session.remote(c) for a, c in homes])
-            self.down -= {id(a) for a, _ in homes}
-            return results
-        except RayTaskError as exc:
-            return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
-        except RayActorError as exc:
-            self.down |= {id(a) for a, _ in homes if a._actor_id.hex() == exc.actor_id}
-            return exchange_failed(tasks, f"a client actor died ({type(exc).__name__})")
+        start = copy.deepcopy(driver.__dict__)  # the driver as the round opened it
+        for attempt in range(1, self.max_attempts + 1):
+            relay = ActorRelay(homes)
+            relay.pending = [a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
+            try:
+                driver.drive(relay)
+                ray.get(relay.pending)
+                return ray.get([a.close_session.remote(c) for a, c in homes])
+            except RayTaskError as exc:
+                return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
+            except RayActorError as exc:
+                self.down |= {id(a) for a, _ in homes}
+                if attempt == self.max_attempts:
+                    raise PoolLost(f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})") from None
+                self.report(f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running the round's exchange again")
+                self.wait_until_up(list(dict.fromkeys(a for a, _ in homes)))
+                driver.__dict__.update(copy.deepcopy(start))
+        raise AssertionError("unreachable")
 
 
 class ActorRelay:
@@ -188,71 +252,115 @@ class ActorRelay:
 
 
 class _Dispatch:
-    """One round's groups in flight on a `RayExecutor`'s actors."""
+    """One submission's groups in flight on a `RayExecutor`'s actors, with the probes of the
+    actors that stopped answering and the pacing holds of `clock: emulate`."""
 
     def __init__(self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], pace: Pace | None):
         self.ex, self.pace = executor, pace
         self.refs = executor.put_weights([t for g in groups for t in g])
-        self.pending = deque(enumerate(groups))
-        self.idle = deque(executor.actors)
-        self.idle.rotate(-executor.turn)
-        self.attempts: dict[int, int] = {}
-        self.strikes: dict[int, int] = {}  # consecutive failed calls per actor
-        self.inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, int | None, float]] = {}
-        self.out: dict[int, GroupOutcome] = {}
         self.groups = list(groups)
+        self.pending = deque(enumerate(groups))
+        self.idle = deque(a for a in executor.actors if id(a) not in executor.down)
+        self.idle.rotate(-executor.turn)
+        self.probes: list[tuple[float, ray.actor.ActorHandle]] = [(0.0, a) for a in executor.actors if id(a) in executor.down]  # (when, actor)
+        self.inflight: dict[ray.ObjectRef, tuple[str, ray.actor.ActorHandle, int, float]] = {}  # kind, actor, group, sent at
+        self.attempts: dict[int, int] = {}  # tries per group, each on an actor that had answered
+        self.lost: set[int] = set()  # groups that used up their tries
+        self.runs = 1  # runs of the lost groups
+        self.out: dict[int, GroupOutcome] = {}
+        self.starved: float | None = None  # since when no actor answers while work waits
+        self.reported = 0.0
 
     def feed(self) -> None:
+        now = time.monotonic()
+        for due, actor in [p for p in self.probes if p[0] <= now]:
+            self.probes.remove((due, actor))
+            self.inflight[actor.ready.remote()] = ("probe", actor, -1, now)
         while self.pending and self.idle:
             k, group = self.pending.popleft()
             actor = self.idle.popleft()
             light = [dataclasses.replace(t, weights={}) for t in group]
             weights = [self.refs[id(t.weights)] for t in group]
             call = actor.run_group.options(name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}")
-            self.inflight[call.remote(self.ex.box, light, weights)] = (actor, k, time.perf_counter())
+            self.inflight[call.remote(self.ex.box, light, weights)] = ("group", actor, k, now)
+
+    def busy(self) -> bool:
+        """Groups wait or run, or actors hold for their clients' paced time (probes do not count)."""
+        return bool(self.pending) or any(kind != "probe" for kind, *_ in self.inflight.values())
 
     def gather(self) -> list[GroupOutcome]:
-        while self.pending or self.inflight:
+        while self.busy() or self.run_lost_again():
             self.feed()
-            if not self.inflight:  # every actor is gone
-                for k, group in self.pending:
-                    self.out[k] = self.ex.failed(group, "no client actor left")
-                break
-            ready, _ = ray.wait(list(self.inflight), num_returns=1)
-            actor, k, started = self.inflight.pop(ready[0])
-            if k is None:  # a pacing hold ended: the actor is free again (or restarting, if it died)
-                try:
-                    ray.get(ready[0])
-                except RayActorError:
-                    self.ex.down.add(id(actor))
-                self.idle.append(actor)
+            self.starving()
+            wait_s = min([5.0, *(max(0.0, due - time.monotonic()) for due, _ in self.probes)])
+            ready = ray.wait(list(self.inflight), num_returns=1, timeout=wait_s)[0] if self.inflight else []
+            if not ready:
+                time.sleep(0.0 if self.inflight else wait_s)
                 continue
+            kind, actor, k, sent = self.inflight.pop(ready[0])
             try:
                 outcome = ray.get(ready[0])
-                self.strikes[id(actor)] = 0
-                self.ex.down.discard(id(actor))
-            except RayActorError:
+            except RayActorError:  # killed, its node lost, or restarting: no work until a probe answers
                 self.ex.down.add(id(actor))
-                self.strikes[id(actor)] = self.strikes.get(id(actor), 0) + 1
-                if self.strikes[id(actor)] < self.ex.max_attempts:
-                    self.idle.append(actor)
-                else:
-                    self.ex.actors.remove(actor)
-                self.attempts[k] = self.attempts.get(k, 0) + 1
-                if self.attempts[k] < self.ex.max_attempts:
-                    self.pending.append((k, self.groups[k]))
-                else:
-                    self.out[k] = self.ex.failed(self.groups[k], f"actor died {self.ex.max_attempts} times")
+                self.probes.append((time.monotonic() + (1.0 if kind == "probe" else 0.0), actor))
+                if kind == "group":
+                    self.retry(k)
                 continue
-            except RayTaskError as exc:
-                self.ex.down.discard(id(actor))
+            except RayTaskError as exc:  # an error outside the client-outcome logic: the group's clients fail
                 self.idle.append(actor)
                 self.out[k] = self.ex.failed(self.groups[k], f"{type(exc.cause).__name__}: {exc.cause}")
                 continue
-            self.out[k] = outcome
-            hold = self.pace(outcome) - (time.perf_counter() - started) if self.pace is not None else 0.0
-            if hold > 0:
-                self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = (actor, None, 0.0)
-            else:
-                self.idle.append(actor)
+            self.ex.down.discard(id(actor))
+            if kind == "group":
+                self.out[k] = outcome
+                hold = self.pace(outcome) - (time.monotonic() - sent) if self.pace is not None else 0.0
+                if hold > 0:
+                    self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = ("hold", actor, k, 0.0)
+                    continue
+            self.idle.append(actor)  # a group done, a pacing hold ended, or a probe answered (the actor rejoins)
         return [self.out[k] for k in range(len(self.groups))]
+
+    def retry(self, k: int) -> None:
+        self.attempts[k] = self.attempts.get(k, 0) + 1
+        if self.attempts[k] < self.ex.max_attempts:
+            self.pending.append((k, self.groups[k]))
+        else:
+            self.lost.add(k)
+
+    def run_lost_again(self) -> bool:
+        """Once every group settled: whether the lost groups run again (more than
+        `max_failed_fraction` of the clients lost, `max_attempts` runs at most, then `PoolLost`);
+        else their clients are recorded as failed."""
+        if not self.lost:
+            return False
+        lost, total = sum(len(self.groups[k]) for k in self.lost), sum(map(len, self.groups))
+        rnd, fraction = self.groups[min(self.lost)][0].round, self.ex.max_failed_fraction
+        if lost <= fraction * total:
+            for k in self.lost:
+                self.out[k] = self.ex.failed(self.groups[k], f"client actors died {self.ex.max_attempts} times running it")
+            self.lost.clear()
+            return False
+        if self.runs == self.ex.max_attempts:
+            raise PoolLost(f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs (federation.max_failed_fraction = {fraction:g})")
+        self.ex.report(f"round {rnd}: {lost} of {total} clients lost to dying client actors (more than federation.max_failed_fraction = {fraction:g}): running them again")
+        self.runs += 1
+        for k in sorted(self.lost):
+            self.attempts[k] = 0
+            self.pending.append((k, self.groups[k]))
+        self.lost.clear()
+        return True
+
+    def starving(self) -> None:
+        """While work waits and no actor answers: a report every 5 s, `PoolLost` after `timeout_s`."""
+        if not (self.pending and not self.idle and not any(kind != "probe" for kind, *_ in self.inflight.values())):
+            self.starved = None
+            return
+        now = time.monotonic()
+        if self.starved is None:
+            self.starved = self.reported = now
+        waited = now - self.starved
+        if waited > self.ex.timeout_s:
+            raise PoolLost(f"no client actor answered for {waited:.0f} s (ray.actor_timeout_s = {self.ex.timeout_s:g} s)")
+        if now - self.reported >= 5.0:
+            self.ex.report(f"no client actor answers: waiting {waited:.0f} s for Ray to restart or replace them (ray.actor_timeout_s = {self.ex.timeout_s:g} s)")
+            self.reported = now

@@ -100,13 +100,15 @@ def run(
         wait_for_actors(clients, config.ray.actor_timeout_s, log.info, federation_ref=fed_ref)
         ray.get(coordinator_ready)
         phase("actors")
-        summary = follow(coordinator, start, progress)
+        summary = follow(coordinator, start, progress, config.ray.actor_timeout_s)
         phase("rounds")
         return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
         raise RunFailed(f"{type(exc.cause).__name__}: {str(exc.cause).splitlines()[0]}; {resume_hint(run_dir)}") from exc
     except RayActorError as exc:
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
+    except RunFailed as exc:  # the coordinator did not come back
+        raise RunFailed(f"{exc}; {resume_hint(run_dir)}") from exc
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -115,19 +117,49 @@ def run(
         phase("shutdown")
 
 
-def follow(coordinator: Any, start: Start, progress: Progress | None) -> dict[str, Any]:
-    """The coordinator's rounds from `start`, its finished rows relayed to `progress` every 0.5 s
-    while they run; returns the run's summary."""
+def follow(coordinator: Any, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+    """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
+    notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
+    died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
+    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
     import ray
+    from ray.exceptions import ActorUnavailableError
 
-    done = coordinator.run.remote(start)
-    finished = False
-    while not finished:
-        finished = bool(ray.wait([done], timeout=0.5)[0])
-        for row in ray.get(coordinator.progress.remote()):
-            if progress is not None:
-                progress(row)
-    return ray.get(done)
+    last, begin = start.state.round, start
+    while True:
+        done = coordinator.run.remote(begin)
+        try:
+            finished = False
+            while not finished:
+                finished = bool(ray.wait([done], timeout=0.5)[0])
+                rows, notes = ray.get(coordinator.progress.remote())
+                for note in notes:
+                    log.warning(note)
+                for row in rows:
+                    if row["round"] > last and progress is not None:
+                        progress(row)
+                    last = max(last, row["round"])
+            return ray.get(done)
+        except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
+            log.warning("the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR")
+            wait_until_answers(coordinator, timeout_s)
+            begin = None
+
+
+def wait_until_answers(actor: Any, timeout_s: float) -> None:
+    """Block until `actor` answers a call again (Ray restarted it); `RunFailed` after `timeout_s`."""
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    started = time.monotonic()
+    while True:
+        try:
+            ray.get(actor.progress.remote(), timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+            return
+        except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() - started > timeout_s:
+                raise RunFailed(f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s") from None
+            time.sleep(0.5)
 
 
 class Phases:

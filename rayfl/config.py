@@ -291,6 +291,9 @@ class FederationConfig(Strict):
     )
     personalize_lr: float | None = Field(None, gt=0, description="the head fine-tuning rate (None: lr)")
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
+    max_failed_fraction: float = Field(
+        0.5, ge=0, le=1, description="on Ray: a round that lost more than this fraction of its clients to dying client actors (not their own failures) runs them again instead of recording them"
+    )
     target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
 
     @model_validator(mode="after")
@@ -337,7 +340,9 @@ class RayConfig(Strict):
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
     dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
-    actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed within this")
+    actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed, or none answers, within this")
+    coordinator_node: str = Field("head", min_length=1, description="where the coordinator runs: head (the head node), any, or the name of a custom resource the chosen nodes have")
+    coordinator_restarts: int = Field(3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)")
     vectorize: int = Field(1, ge=1, description="train this many of a call's clients together in one batched computation (torch.func.vmap)")
     clients_per_call: int = Field(
         5, ge=1, description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner"

@@ -6,11 +6,12 @@ hosts (`actors/`) host it side by side; it never imports either (`docs/design.md
 
 from .federation import Federation, build_federation
 from .host import ClientRunner, GroupOutcome, run_group, torch_threads
-from .loop import Progress, Start, new_run_dir, prepare, run_federation
+from .loop import Progress, Start, new_run_dir, prepare, run_federation, start_of
 from .round import Executor, Pace, run_round
 from .scheduler import SCHEDULERS, Scheduler, Synchronous
 
 __all__ = [
     "SCHEDULERS", "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "Scheduler", "Start", "Synchronous",
-    "build_federation", "new_run_dir", "prepare", "run_federation", "run_group", "run_round", "torch_threads",
+    "build_federation", "new_run_dir", "prepare", "run_federation",
+    "start_of", "run_group", "run_round", "torch_threads",
 ]

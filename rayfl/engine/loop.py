@@ -82,10 +82,15 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
         hint = f"; its paper's setting: devices.profile={declared}" if declared and declared != config.devices.profile else ""
         log.warning(f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}")
     check_writable(run_dir)
+    return fed, start_of(fed, run_dir, resume)
+
+
+def start_of(fed: Federation, run_dir: str | Path, resume: bool) -> Start:
+    """Round 0, or with `resume` RUN_DIR's newest intact checkpoint and the rows up to it."""
     if resume:
         saved = checkpoint.latest(run_dir)
-        return fed, Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending, saved.batteries or Batteries())
-    return fed, Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
+        return Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending, saved.batteries or Batteries())
+    return Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
 
 
 def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None) -> dict[str, Any]:

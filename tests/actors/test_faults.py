@@ -1,0 +1,181 @@
+"""Faults on Ray end in the truth: a pool that heals, runs that never report success on a dead
+pool, a coordinator that Ray restarts and that resumes by itself (the drills of issue 30)."""
+
+import random
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from actors.pool import PoolLost, RayExecutor
+from rayfl import api
+from rayfl.engine import build_federation
+from rayfl.engine.round import groups_of
+from rayfl.loader import load_config
+from rayfl.runner import run_local
+
+pytestmark = [pytest.mark.ray, pytest.mark.faults]
+
+SLOW = ["model.name=mlp", "clock=emulate", "clock_scale=0.01", "ray.num_actors=2", "federation.checkpoint_every=1"]
+"""Rounds of about 0.5-1 s of wall time (`clock: emulate`), so kills land mid-round."""
+
+
+def metrics_of(run_dir):
+    return pd.read_parquet(run_dir / "metrics.parquet").drop(columns="wall_time_s")
+
+
+def undisturbed(cfg, run_dir):
+    run_local(cfg.model_copy(update={"clock": "virtual"}), run_dir)
+    return metrics_of(run_dir)
+
+
+def assert_same_rounds(metrics, reference):
+    """Every learning column equal; the virtual clock equal up to float summation order."""
+    clock = ["virtual_time_s", "round_time_s", "mean_wait_s"]
+    pd.testing.assert_frame_equal(metrics.drop(columns=clock), reference.drop(columns=clock))
+    assert metrics["virtual_time_s"].tolist() == pytest.approx(reference["virtual_time_s"].tolist())
+
+
+def client_actors(ray, run_id):
+    return [ray.get_actor(n["name"], namespace="rayfl") for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith(f"rayfl:{run_id}:client-")]
+
+
+def test_chaos_random_client_kills_end_equal_to_the_undisturbed_run(ray_cluster, tmp_path):
+    cfg = load_config(None, ["federation.rounds=20", *SLOW])
+    reference = undisturbed(cfg, tmp_path / "reference")
+    run_dir = tmp_path / "chaos"
+    kills: list[float] = []
+
+    def chaos():  # 6 kills, one every 0.7 s from round 2 on, of a random client actor (Ray restarts it)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "checkpoints" / "round_00002.pt").exists():
+            time.sleep(0.05)
+        pick = random.Random(0)
+        while len(kills) < 6 and time.time() < deadline:
+            ray_cluster.kill(pick.choice(client_actors(ray_cluster, run_dir.name)), no_restart=False)
+            kills.append(time.time())
+            time.sleep(0.7)
+
+    killer = threading.Thread(target=chaos)
+    killer.start()
+    summary = api.run(cfg, run_dir)
+    killer.join()
+    assert len(kills) == 6 and summary["rounds"] == 20
+    assert_same_rounds(metrics_of(run_dir), reference)
+    assert metrics_of(run_dir)["num_failed"].sum() == 0
+
+
+def test_a_pool_whose_actors_stay_dead_ends_the_run_with_the_resume_hint(ray_cluster, tmp_path, capsys):
+    cfg = load_config(None, ["federation.rounds=8", *SLOW, "ray.actor_timeout_s=4"])
+    run_dir = tmp_path / "dead"
+
+    def kill_for_good():
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "checkpoints" / "round_00002.pt").exists():
+            time.sleep(0.05)
+        for actor in client_actors(ray_cluster, run_dir.name):
+            ray_cluster.kill(actor)  # no restart
+
+    killer = threading.Thread(target=kill_for_good)
+    killer.start()
+    with pytest.raises(api.RunFailed) as failed:
+        api.run(cfg, run_dir)
+    killer.join()
+    message = str(failed.value)
+    assert message.startswith("PoolLost: no client actor answered for") and "ray.actor_timeout_s = 4 s" in message
+    assert "\n" not in message and message.endswith(f"continue it with: rayfl run --resume {run_dir}")
+    rounds = metrics_of(run_dir)
+    assert rounds["num_failed"].sum() == 0  # no round of failed clients was recorded as done
+    assert len(rounds) < 8
+
+
+def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_run(ray_cluster, tmp_path, caplog):
+    cfg = load_config(None, ["federation.rounds=6", *SLOW])
+    reference = undisturbed(cfg, tmp_path / "reference")
+    run_dir = tmp_path / "run"
+
+    def kill_after_round_three():
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "checkpoints" / "round_00003.pt").exists():
+            time.sleep(0.05)
+        ray_cluster.kill(ray_cluster.get_actor(f"rayfl:{run_dir.name}:coordinator", namespace="rayfl"), no_restart=False)
+
+    killer = threading.Thread(target=kill_after_round_three)
+    killer.start()
+    rows = []
+    summary = api.run(cfg, run_dir, progress=rows.append)
+    killer.join()
+    assert summary["rounds"] == 6
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]  # rows recomputed after the restart are relayed once
+    assert any("the coordinator actor died; Ray restarts it" in r.message for r in caplog.records)
+    assert_same_rounds(metrics_of(run_dir), reference)
+
+
+@pytest.fixture
+def flaky(ray_cluster, tmp_path):
+    """Client-actor stand-ins that die (`os._exit`) on the first `deaths` calls with a doomed
+    client, counted in files (a restarted actor remembers nothing), and otherwise return the
+    group's client ids."""
+
+    @ray_cluster.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+    class Flaky:
+        def __init__(self, folder, doomed, deaths):
+            self.folder, self.doomed, self.deaths = folder, set(doomed), deaths
+
+        def ready(self):
+            return True
+
+        def run_group(self, box, tasks, weights):
+            import os
+            from pathlib import Path
+
+            first = tasks[0].client_id
+            if first in self.doomed:
+                count = Path(self.folder) / str(first)
+                done = int(count.read_text()) if count.exists() else 0
+                if done < self.deaths:
+                    count.write_text(str(done + 1))
+                    os._exit(1)
+            return [t.client_id for t in tasks]
+
+    cfg = load_config(None, ["federation.clients_per_round=6", "ray.clients_per_call=2", "model.name=mlp"])
+    fed = build_federation(cfg)
+    state = fed.policy.init_state(fed.initial_weights())
+    groups = groups_of(fed.policy.configure(state, 1, list(range(6))), 2)  # clients 0-1, 2-3, 4-5
+    made = []
+
+    def make(doomed, deaths, count=2):
+        actors = [Flaky.remote(str(tmp_path), doomed, deaths) for _ in range(count)]
+        made.extend(actors)
+        notes = []
+        return RayExecutor(actors, ray_cluster.put(None), fed.policy, timeout_s=30, report=notes.append), groups, notes
+
+    yield make
+    for actor in made:
+        ray_cluster.kill(actor)
+
+
+def test_a_group_whose_actor_dies_twice_runs_on_and_its_actor_rejoins(flaky):
+    executor, groups, notes = flaky(doomed=[2], deaths=2)
+    out = executor.submit(groups)()
+    assert out == [[0, 1], [2, 3], [4, 5]] and notes == []
+    assert executor.alive() == 2  # both actors answer again
+
+
+def test_a_group_lost_three_times_fails_its_clients_under_the_failed_fraction(flaky):
+    executor, groups, notes = flaky(doomed=[0], deaths=99)
+    out = executor.submit(groups)()
+    assert out[1:] == [[2, 3], [4, 5]] and notes == []  # 2 of 6 lost <= 0.5: recorded, not run again
+    assert [(s.status, s.reason) for s in out[0].settled] == [("failed", "client actors died 3 times running it")] * 2
+
+
+def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
+    executor, groups, notes = flaky(doomed=[0, 2], deaths=3)  # 4 of 6 lost on the first run, then they pass
+    assert executor.submit(groups)() == [[0, 1], [2, 3], [4, 5]]
+    assert notes == ["round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): running them again"]
+    executor, groups, notes = flaky(doomed=[4], deaths=99)
+    executor.max_failed_fraction = 0.1
+    with pytest.raises(PoolLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
+        executor.submit(groups)()
+    assert len(notes) == 2
