@@ -179,3 +179,18 @@ def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     with pytest.raises(PoolLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
         executor.submit(groups)()
     assert len(notes) == 2
+
+
+def test_losing_the_coordinators_node_then_a_clients_node_equals_the_undisturbed_run(tmp_path):
+    """Its own 4-node cluster, in another process (`tests/actors/node_drill.py`)."""
+    import json
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "nodes"
+    done = subprocess.run([sys.executable, "-m", "tests.actors.node_drill", str(run_dir), "10"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["rounds"] == 10 and len(report["killed"]) == 2 and report["killed"][0] in ("A", "B") and report["killed"][1] != report["killed"][0]
+    cfg = load_config(None, ["federation.rounds=10", "model.name=mlp"])
+    assert_same_rounds(metrics_of(run_dir), undisturbed(cfg, tmp_path / "reference"))

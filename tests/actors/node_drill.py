@@ -1,0 +1,70 @@
+"""A run on a 4-node `ray.cluster_utils.Cluster` that loses the coordinator's node and then a
+client's node (`python -m tests.actors.node_drill RUN_DIR ROUNDS`; prints what it killed as JSON).
+
+The head has no CPU, so every actor lives on a worker node: A and B carry the resource `coord`
+(the coordinator runs where it is, `ray.coordinator_node: coord`), C does not; each has one
+CPU for one of the two client actors. Once round 3 is checkpointed the coordinator's node goes
+(Ray restarts the coordinator on the other `coord` node, and it resumes); once round 6 is, the
+node of a client that does not host the coordinator."""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray._private import state
+from ray.cluster_utils import Cluster
+
+from rayfl import api
+from rayfl.loader import load_config
+
+
+def node_of(actor_name: str) -> str:
+    actor = ray.get_actor(actor_name, namespace="rayfl")
+    return state.actors(actor._actor_id.hex())["Address"]["NodeID"]
+
+
+def main(run_dir: Path, rounds: int) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    workers = {name: cluster.add_node(num_cpus=1, resources=res) for name, res in (("A", {"coord": 1}), ("B", {"coord": 1}), ("C", {}))}
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    overrides = [f"federation.rounds={rounds}", "federation.checkpoint_every=1", "model.name=mlp", "clock=emulate", "clock_scale=0.01"]
+    cfg = load_config(None, [*overrides, "ray.num_actors=2", "ray.coordinator_node=coord", "ray.actor_timeout_s=120"])
+    killed = []
+
+    def kill(after_round: int, pick) -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (run_dir / "checkpoints" / f"round_{after_round:05d}.pt").exists():
+            time.sleep(0.05)
+        name, node = pick()
+        cluster.remove_node(node, allow_graceful=False)
+        killed.append(name)
+
+    def coordinator_node():
+        where = node_of(f"rayfl:{run_dir.name}:coordinator")
+        return next((n, w) for n, w in workers.items() if w.node_id == where)
+
+    def client_node():
+        hosts = {node_of(f"rayfl:{run_dir.name}:client-{k}") for k in range(2)} - {node_of(f"rayfl:{run_dir.name}:coordinator")}
+        return next((n, w) for n, w in workers.items() if w.node_id in hosts and n not in killed)
+
+    def drill() -> None:
+        kill(3, coordinator_node)
+        kill(6, client_node)
+
+    killer = threading.Thread(target=drill)
+    killer.start()
+    try:
+        summary = api.run(cfg, run_dir)
+    finally:
+        killer.join()
+        ray.shutdown()
+        cluster.shutdown()
+    print(json.dumps({"killed": killed, "rounds": summary["rounds"]}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
