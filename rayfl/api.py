@@ -15,24 +15,26 @@ on the job's node (Ray Client, `ray://HOST:10001`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
-import math
 import os
 import re
 import secrets
 import shlex
+import sys
 import tarfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
 import yaml
 
 from . import checkpoint, storage
 from .config import ConfigError, RunConfig, to_dict
+from .configbase import shown
 from .engine import Progress, Start, new_run_dir, prepare
 from .loader import PATHS
 
@@ -49,10 +51,87 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
         return False
     quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl speaks in its own lines
     if address or os.environ.get("RAY_ADDRESS"):
+        probe(address or os.environ["RAY_ADDRESS"])
         ray.init(address=address, **quiet)
     else:
         ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
     return True
+
+
+PROBE_S = 5.0
+"""Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
+
+
+def probe(address: str) -> None:
+    """`ConfigError` (one line) unless `address` is a Ray head this process may join, found in
+    seconds instead of `ray.init`'s minutes of retries: nothing accepts a connection there within
+    `PROBE_S`, or it does not answer as a head's GCS, or the head uses token authentication and
+    this process has no token for it (then the line says how to pass one). `auto` and `local`
+    are left to Ray; a `ray://` address (Ray Client) is checked for a connection only."""
+    import socket
+    import threading
+
+    if address in ("auto", "local"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise ConfigError(f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379")
+    client = address.startswith("ray://")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"--address {shown(address, 80)}: not HOST:PORT (e.g. 127.0.0.1:6379) or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?") from None
+    if client:
+        return
+    from ray._raylet import GcsClient  # the client ray.init itself makes first (its failures log C++ lines: silenced)
+
+    answer: list[BaseException | None] = []
+    thread = threading.Thread(target=lambda: answer.append(_gcs_error(GcsClient, address)), daemon=True)
+    with _silent_stderr(thread.is_alive):
+        thread.start()
+        thread.join(PROBE_S)
+    error = answer[0] if answer else TimeoutError()
+    if isinstance(error, ray_exceptions().AuthenticationError):
+        raise ConfigError(
+            f"--address {shown(address, 80)}: the cluster uses token authentication and this process has no valid token: "
+            "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
+        )
+    if error is not None:
+        raise ConfigError(f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s")
+
+
+def _gcs_error(gcs_client: Callable[..., Any], address: str) -> BaseException | None:
+    try:
+        gcs_client(address=address).internal_kv_get(b"rayfl-probe", namespace=None, timeout=PROBE_S)
+    except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
+        return exc
+    return None
+
+
+def ray_exceptions() -> Any:
+    import ray.exceptions
+
+    return ray.exceptions
+
+
+@contextlib.contextmanager
+def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
+    """File descriptor 2 to /dev/null (Ray's C++ writes there directly), restored after; while
+    `still_talking()` (a probe thread that outlived its wait and goes on logging), it stays
+    there and Python's `sys.stderr` moves to a copy of the original, so rayfl's one line shows."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        if still_talking():
+            sys.stderr = os.fdopen(saved, "w", buffering=1)
+        else:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def run(
@@ -87,9 +166,13 @@ def run(
     from actors.pool import check_fits, wait_for_actors
 
     address = address or config.ray.address
-    if not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS")) and config.ray.num_actors != "auto":
-        # A local cluster gets at most this machine's CPUs: refuse before starting it.
-        check_fits(config, config.ray.num_actors, {"CPU": os.cpu_count() or 1, "GPU": math.inf}, None)
+    if not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS")):
+        # A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
+        # respected, as Ray does): refuse before starting it. `auto` needs room for one actor.
+        import torch
+
+        count = 1 if config.ray.num_actors == "auto" else config.ray.num_actors
+        check_fits(config, count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, None)
     connected = connect(address, config.ray.dashboard)
     phase("ray_start")
     actors: list = []
@@ -104,7 +187,7 @@ def run(
         phase("rounds")
         return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
-        raise RunFailed(f"{type(exc.cause).__name__}: {str(exc.cause).splitlines()[0]}; {resume_hint(run_dir)}") from exc
+        raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
     except RunFailed as exc:  # the coordinator did not come back
@@ -177,6 +260,13 @@ class Phases:
 
 class RunFailed(RuntimeError):
     """A run that broke off on Ray; its message is one line and says how to continue it."""
+
+
+def broke_off(exc: BaseException, run_dir: Path) -> RunFailed:
+    """The one line of a run that `exc` ended (in this process or in the coordinator): the error's
+    type and first line (an `OSError` names its path and cause), and how to continue."""
+    first = (str(exc).splitlines() or [""])[0]
+    return RunFailed(f"{type(exc).__name__}: {first}; {resume_hint(run_dir)}")
 
 
 def resume_hint(run_dir: Path) -> str:

@@ -4,17 +4,22 @@ Any server state checkpoints: `ServerState` and whatever it nests (per-group ser
 per-client dicts of numbers, momentum buffers, ...) as long as it is built from dicts, lists,
 tuples and dataclasses of numpy arrays, numbers, strings and None. It is written as plain data
 (`encode`: arrays become tensors, a dataclass a tagged dict of its fields) with `torch.save`,
-and read with `torch.load(weights_only=True)`, so loading one never runs code from the file; a
-dataclass is rebuilt only from a class already loaded in this process. Randomness is keyed by
-(seed, round, client, purpose), hence a resumed run equals one that never stopped.
+and read with `torch.load(weights_only=True)`, so loading one never runs code from the file. A
+dataclass is written and rebuilt only when it is one of rayfl's state types (`STATE_TYPES`) or a
+policy registered its own (`state_type`); what a file decodes to must be a `ServerState` with
+its clock (and a scheduler's `Pending`, the devices' `Batteries`), else the file is passed over
+as broken. A checkpoint is written whole or not at all (`storage.write_atomic`). Randomness is
+keyed by (seed, round, client, purpose), hence a resumed run equals one that never stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import io
 import logging
+import numbers
 from dataclasses import dataclass
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,10 +28,39 @@ import torch
 
 from .algorithms.messages import ServerState
 from .config import ConfigError
+from .storage import write_atomic
 
 FOLDER = "checkpoints"
 log = logging.getLogger("rayfl")
 _DATACLASS = "__dataclass__"
+
+STATE_TYPES = frozenset(
+    {
+        "rayfl.algorithms.messages:ServerState",
+        "rayfl.algorithms.server_opt:ServerOptState",
+        "rayfl.algorithms.inclusivefl:GroupState",
+        "rayfl.algorithms.mergesfl.policy:Ingress",
+        "rayfl.engine.flights:Flight",
+        "rayfl.engine.flights:Pending",
+        "rayfl.engine.admission:Batteries",
+    }
+)
+"""The dataclasses of rayfl's own state a checkpoint may hold (`module:qualname`): the allow-list
+`decode` builds from; any other name in a file makes the file unreadable."""
+_registered: dict[str, type] = {}
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def state_type(cls: type) -> type:
+    """Class decorator: a policy's own server-state dataclass, allowed in checkpoints beside
+    `STATE_TYPES` (once its module is imported, as its policy's is before a resume)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{_name(cls)} is not a dataclass")
+    _registered[_name(cls)] = cls
+    return cls
 
 
 def encode(value: Any, where: str = "state") -> Any:
@@ -41,9 +75,11 @@ def encode(value: Any, where: str = "state") -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = _name(type(value))
+        if name not in STATE_TYPES and name not in _registered:
+            raise TypeError(f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers its own with @checkpoint.state_type)")
         fields = {f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init}
-        cls = type(value)
-        return {_DATACLASS: f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+        return {_DATACLASS: name, "fields": fields}
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
@@ -71,15 +107,15 @@ def decode(value: Any) -> Any:
     return value
 
 
-def _dataclass(name: str) -> type:
-    """A dataclass named `module:qualname` in a module this process has already imported."""
+def _dataclass(name: Any) -> type:
+    """The state dataclass named `module:qualname`: one of `STATE_TYPES` (its module imported) or
+    one registered with `state_type`; `ConfigError` for any other name."""
+    if name in _registered:
+        return _registered[name]
+    if name not in STATE_TYPES:
+        raise ConfigError(f"checkpoint: {str(name)[:80]!r} is not one of rayfl's state types")
     module_name, _, qualname = name.partition(":")
-    obj: Any = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
-        raise ConfigError(f"checkpoint: {name} is not a dataclass loaded in this process")
-    return obj
+    return getattr(importlib.import_module(module_name), qualname)
 
 
 @dataclass(frozen=True)
@@ -97,11 +133,9 @@ class Saved:
 def save(run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None, batteries: Any = None) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"round_{state.round:05d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending"), "batteries": encode(batteries, "batteries")}, tmp)
-    tmp.replace(path)  # never leave a half-written checkpoint under the final name
-    return path
+    buffer = io.BytesIO()  # serialized here, written by Python: a full disk raises OSError naming the file
+    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending"), "batteries": encode(batteries, "batteries")}, buffer)
+    return write_atomic(folder / f"round_{state.round:05d}.pt", buffer.getvalue())  # never half a checkpoint under its name
 
 
 def _paths(run_dir: str | Path) -> list[Path]:
@@ -123,12 +157,32 @@ def latest(run_dir: str | Path) -> Saved:
     broken: list[str] = []
     for path in reversed(paths):
         try:
-            data = torch.load(path, weights_only=True)
-            saved = Saved(decode(data["state"]), float(data["virtual_time_s"]), decode(data.get("pending")), decode(data.get("batteries")))
-        except Exception as exc:  # a broken file fails in the zip reader, the unpickler or decode
-            broken.append(f"{path} ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]})")
+            saved = checked(torch.load(path, weights_only=True))
+        except Exception as exc:  # a broken file fails in the zip reader, the unpickler, decode or `checked`
+            first = (str(exc).splitlines() or [""])[0][:120]
+            broken.append(f"{path} ({first if isinstance(exc, ConfigError) else f'{type(exc).__name__}: {first}'})")
             continue
         if broken:
             log.warning(f"{' and '.join(broken)} unreadable: resuming from {path}")
         return saved
-    raise ConfigError(f"--resume {run_dir}: no readable checkpoint ({paths[-1]} and {len(paths) - 1} older are corrupt)")
+    older = f"; {len(paths) - 1} older unreadable too" if len(paths) > 1 else ""
+    raise ConfigError(f"--resume {run_dir}: no readable checkpoint: {broken[0]}{older}")
+
+
+def checked(data: Any) -> Saved:
+    """A loaded file's contents as a `Saved`, or `ConfigError` saying what is not a checkpoint's:
+    a mapping holding a `ServerState` (a round number, named arrays), a finite clock, and a
+    `Pending` and `Batteries` or None."""
+    if not isinstance(data, dict) or "state" not in data or "virtual_time_s" not in data:
+        raise ConfigError("not a rayfl checkpoint (no state and virtual_time_s)")
+    state, pending, batteries = decode(data["state"]), decode(data.get("pending")), decode(data.get("batteries"))
+    clock = data["virtual_time_s"]
+    if not isinstance(state, ServerState):
+        raise ConfigError(f"its state is a {type(state).__name__}, not a ServerState")
+    if not (isinstance(state.round, int) and state.round >= 0 and isinstance(state.weights, dict) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in state.weights.items())):
+        raise ConfigError("its state's round is not a count or its weights are not named arrays")
+    if not (isinstance(clock, numbers.Real) and np.isfinite(clock)):
+        raise ConfigError("its virtual_time_s is not a finite number")
+    if not (pending is None or _name(type(pending)) == "rayfl.engine.flights:Pending") or not (batteries is None or _name(type(batteries)) == "rayfl.engine.admission:Batteries"):
+        raise ConfigError("its pending flights or batteries are not rayfl's")
+    return Saved(state, float(clock), pending, batteries)

@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-import yaml
 
-from .configbase import ConfigError
+from .configbase import ConfigError, shown
 
 
 class ProgressBar:
@@ -74,6 +73,7 @@ class RayNotices(io.TextIOBase):
 
 def _config(args: argparse.Namespace, resume_dir: Path | None = None):
     """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here)."""
+    from .configfile import parse_yaml
     from .loader import load_config, parse_config, with_overrides
 
     if getattr(args, "resume", None):
@@ -81,7 +81,7 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
         return load_config(Path(resume_dir or args.resume) / "config.yaml", args.set)
     if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.api.submit)
-        return parse_config(with_overrides(yaml.safe_load(os.environ.get(args.config_env, "")) or {}, args.set))
+        return parse_config(with_overrides(parse_yaml(os.environ.get(args.config_env, ""), f"${args.config_env}") or {}, args.set))
     return load_config(args.config, args.set)
 
 
@@ -103,11 +103,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"rayfl: RUN_DIR {shown}", file=sys.stderr, flush=True)
         bar = ProgressBar(config.federation.rounds, lines=args.progress == "lines")
         try:
-            if args.local:
-                summary = run_local(config, run_dir, progress=bar, resume=resume)
-            else:
-                from . import api
+            from . import api
 
+            if args.local:
+                try:
+                    summary = run_local(config, run_dir, progress=bar, resume=resume)
+                except ConfigError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one line with the resume hint, as on Ray
+                    raise api.broke_off(exc, Path(run_dir)) from exc
+            else:
                 with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
                     summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
         finally:
@@ -320,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         if args.debug:
             raise
-        print(f"rayfl: error: {exc}", file=sys.stderr)
+        print(f"rayfl: error: {shown(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rayfl: interrupted", file=sys.stderr)
@@ -329,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         what = str(exc) if type(exc).__name__ == "RunFailed" else f"{type(exc).__name__}: {exc}"
-        print(f"rayfl: run failed: {what.splitlines()[0] if what else type(exc).__name__}", file=sys.stderr)
+        print(f"rayfl: run failed: {shown(what.splitlines()[0]) if what else type(exc).__name__}", file=sys.stderr)
         return 1
 
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from .config_devices import DevicesConfig
-from .configbase import ConfigError as ConfigError, Strict  # ConfigError: every module raises it from here
+from .configbase import MAX_ACTORS, MAX_CLIENTS, MAX_PER_ROUND, MAX_ROUNDS, ConfigError as ConfigError, Strict  # ConfigError: every module raises it from here
 
 
 
@@ -122,7 +122,7 @@ class DataConfig(Strict):
     name: str = "digits"
     data_dir: Path | None = None
     download: bool = False
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     partition: PartitionConfig = DirichletPartition()
     synthetic: SyntheticConfig = SyntheticConfig()
     path: str | None = Field(None, description="data.name hf: a Hugging Face hub id, or a local folder or file (imagefolder, csv, json, parquet)")
@@ -251,7 +251,7 @@ class DeadlineConfig(Strict):
     Sec. 2.2): select ceil(K (1 + over_selection)) clients, close the round at the K-th update or
     at the deadline, whichever comes first."""
 
-    target_clients: int | None = Field(None, ge=1, description="K: the updates that close a round (None: federation.clients_per_round)")
+    target_clients: int | None = Field(None, ge=1, le=MAX_PER_ROUND, description="K: the updates that close a round (None: federation.clients_per_round)")
     over_selection: float = Field(0.3, ge=0, allow_inf_nan=False, description="select this fraction more than K")
     deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="virtual seconds after its start a round closes at the latest (None: no deadline)")
     late: Literal["drop", "carry"] = Field("drop", description="a late update: dropped, or carried into the round it arrives in, weighted by its staleness")
@@ -263,7 +263,7 @@ class AsyncConfig(Strict):
     al., AISTATS 2022)."""
 
     rule: Literal["fedasync", "fedbuff"] = Field("fedbuff", description="fedasync: mix every update in; fedbuff: a server step per buffer_size updates")
-    concurrency: int | None = Field(None, ge=1, description="clients in flight (None: federation.clients_per_round)")
+    concurrency: int | None = Field(None, ge=1, le=MAX_PER_ROUND, description="clients in flight (None: federation.clients_per_round)")
     buffer_size: int = Field(5, ge=1, description="FedBuff's K: updates per server step (at most concurrency)")
     mixing: float = Field(0.6, gt=0, le=1, description="FedAsync's alpha: x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau)")
 
@@ -273,8 +273,8 @@ class FederationConfig(Strict):
     deadline: DeadlineConfig = DeadlineConfig()
     asynchronous: AsyncConfig = Field(AsyncConfig(), alias="async")
     staleness: StalenessConfig = Field(StalenessConfig(), description="how a stale update is weighted (async, and deadline with late: carry)")
-    rounds: int = Field(30, ge=1, description="rounds; under mode async, server steps (model versions)")
-    clients_per_round: int = Field(10, ge=1)
+    rounds: int = Field(30, ge=1, le=MAX_ROUNDS, description="rounds; under mode async, server steps (model versions)")
+    clients_per_round: int = Field(10, ge=1, le=MAX_PER_ROUND)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(10, ge=1)
     optimizer: Literal["sgd", "adam"] = Field("sgd", description="the clients' local optimizer (and a split top model's)")
@@ -284,7 +284,7 @@ class FederationConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: GradClip | None = Field(None, description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} (HeteroFL: norm 1; FedSup's code: value 1)")
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
-    eval_clients: int = Field(1000, ge=1, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
+    eval_clients: int = Field(1000, ge=1, le=MAX_PER_ROUND, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
     eval_batch_size: int = Field(500, ge=1)
     personalize_epochs: int = Field(
         0, ge=0, description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy / personal_accuracy (FedSup Sec. 4.1); 0: off"
@@ -336,7 +336,7 @@ class FederationConfig(Strict):
 
 class RayConfig(Strict):
     address: str | None = None
-    num_actors: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
+    num_actors: Literal["auto"] | Annotated[int, Field(ge=1, le=MAX_ACTORS)] = "auto"
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
     dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
@@ -393,5 +393,7 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
 
 
 def dump_config(config: RunConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML; `load_config(path)` gives back an equal object."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write the resolved config as YAML (`storage.write_atomic`: never half a file); `load_config(path)` gives back an equal object."""
+    from .storage import write_atomic
+
+    write_atomic(path, yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -1,4 +1,7 @@
-"""The base of every config section, and the error bad input raises (`rayfl.config` re-exports both)."""
+"""The base of every config section, the error bad input raises (`rayfl.config` re-exports
+both), the bounds on counts that would exhaust memory, and how a message shows what it echoes."""
+
+import unicodedata
 
 from pydantic import BaseModel, ConfigDict
 
@@ -8,6 +11,34 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    """Base of every config section: unknown keys are errors, instances are frozen."""
+    """Base of every config section: unknown keys are errors, instances are frozen, and a float
+    must be finite (`.inf` and `.nan` are refused wherever a number is read)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+MAX_ROUNDS = 1_000_000
+"""`federation.rounds` at most: per-round tables (the lr schedule) stay a few megabytes."""
+MAX_CLIENTS = 1_000_000_000
+"""`data.num_clients` at most (logical clients are drawn lazily)."""
+MAX_PER_ROUND = 100_000
+"""Clients a round selects (or keeps in flight) at most."""
+MAX_ACTORS = 10_000
+"""`ray.num_actors` at most."""
+MAX_YAML_BYTES = 10 * 1024 * 1024
+"""A config, device profile or Tune file larger than this is refused before it is parsed."""
+MAX_DEPTH = 64
+"""Mappings and lists nested deeper than this are refused."""
+MAX_SHOWN = 300
+"""Characters of a message line shown at most; the middle of a longer line is cut."""
+
+
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """`text` fit to print on one line: control, format (bidi overrides, zero-width) and line
+    separator characters escaped as `\\uXXXX`, and the middle of a line longer than `limit`
+    replaced by `...(N characters)...`."""
+    safe = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") else c for c in text)
+    if len(safe) <= limit:
+        return safe
+    keep = (limit - 30) // 2
+    return f"{safe[:keep]}...({len(safe) - 2 * keep} characters)...{safe[-keep:]}"

@@ -6,6 +6,7 @@ values; `format_error` turns pydantic's errors into `ConfigError`'s one line (ra
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .catalog import closest
 from .config import ConfigError
+from .configbase import MAX_DEPTH, MAX_YAML_BYTES
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
@@ -75,12 +77,14 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
 
 class Loader(yaml.SafeLoader):
     """`yaml.SafeLoader` for configs and `--set` values: a key given twice in one mapping is an
-    error (the last would win silently), and a ratio like `1:2:7` stays a string (YAML 1.1 reads
-    `1:2` as the base-60 number 62)."""
+    error (the last would win silently), a key must be a plain value (no list or mapping), and a
+    ratio like `1:2:7` stays a string (YAML 1.1 reads `1:2` as the base-60 number 62)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, "a key must be a plain value, not a list or mapping", key_node.start_mark)
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -93,21 +97,53 @@ for _digit in "0123456789":  # checked before int and float
     Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(0, ("tag:yaml.org,2002:str", re.compile(r"^[0-9]+(?:\.[0-9]*)?(?::[0-9]+(?:\.[0-9]*)?)+$")))
 
 
+def parse_yaml(text: str | bytes, where: str) -> Any:
+    """YAML text read safely (no tags, no code), refused with one line starting with `where`
+    when it is larger than `MAX_YAML_BYTES`, not UTF-8, not valid YAML (the line is named), nested
+    deeper than `MAX_DEPTH`, or holds a number that is not finite (the key is named)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_YAML_BYTES // 2**20} MB")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = yaml.load(text, Loader=Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", "") or ""
+        said = problem if problem.startswith(("duplicate key", "a key must")) else "invalid YAML"
+        raise ConfigError(f"{where}:{line} {said}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
+    check_values(data, where)
+    return data
+
+
+def check_values(data: Any, where: str, path: tuple[str, ...] = ()) -> None:
+    """`ConfigError` at a float that is not finite, or at nesting deeper than `MAX_DEPTH`."""
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(f"{where}: {'.'.join(path) or 'the value'}: {data} is not a finite number")
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        check_values(value, where, (*path, str(key)))
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping safely (no tags, no code); errors name the file, and the line and key
-    of a key given twice."""
+    """Read a YAML mapping safely (`parse_yaml`); errors name the file (and the line and key of
+    a key given twice)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
-    try:
-        data = yaml.load(path.read_text(), Loader=Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", "") or ""
-        raise ConfigError(f"{path}:{where} {problem if problem.startswith('duplicate key') else 'invalid YAML'}") from None
+    if path.stat().st_size > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES // 2**20} MB")
+    data = parse_yaml(path.read_bytes(), str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from .algorithms import registry as algorithms
 from .config import ConfigError, RunConfig
-from .configfile import Loader, format_error, read_yaml
+from .configbase import shown
+from .configfile import format_error, parse_yaml, read_yaml
 from .data import sources
 from .models import registry as models
 
@@ -118,10 +118,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {text}: empty key")
-    try:
-        return parts, yaml.load(value, Loader=Loader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value is not valid YAML ({exc.__class__.__name__})") from None
+    return parts, parse_yaml(value, f"--set {shown(key.strip(), 80)}")
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -7,17 +7,21 @@ it finished.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import numbers
 import shutil
+import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
 from .config import ConfigError
+from .storage import write_atomic
 
 METRICS_COLUMNS = (
     "round",
@@ -70,13 +74,13 @@ class Recorder:
         return df[first + [c for c in df.columns if c not in first]]
 
     def flush(self) -> None:
-        """Rewrite both tables; each is written aside and renamed, so a run killed mid-write
-        keeps the previous round's complete table."""
+        """Rewrite both tables; each is written aside and renamed (`storage.write_atomic`), so a run
+        killed mid-write, or on a full disk, keeps the previous round's complete table."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for name, frame in (("metrics", self.metrics_frame()), ("clients", pd.DataFrame(self.clients))):
-            tmp = self.run_dir / f".{name}.parquet.tmp"
-            frame.to_parquet(tmp, index=False)
-            tmp.replace(self.run_dir / f"{name}.parquet")
+            buffer = io.BytesIO()
+            frame.to_parquet(buffer, index=False)
+            write_atomic(self.run_dir / f"{name}.parquet", buffer.getvalue())
 
     def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None, target: float | None = None) -> dict[str, Any]:
         """The contract's summary keys (plus `extra`), written to `summary.json`. With a `target`
@@ -97,7 +101,7 @@ class Recorder:
         if target is not None:
             reached = [r["virtual_time_s"] for r in self.rounds if r["test_accuracy"] >= target]
             out.update(target_accuracy=target, time_to_target_s=reached[0] if reached else None)
-        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2) + "\n")
+        write_atomic(self.run_dir / "summary.json", json.dumps(out, indent=2) + "\n")
         return out
 
 
@@ -106,28 +110,57 @@ class TensorBoard:
     (`tensorboard --logdir RUN_DIR/tb`). A scalar's tag is its column, an algorithm's per-level
     or per-group `test_accuracy@a` as `test_accuracy/a`; its step is the round; NaN is left out.
     A fresh run starts the folder anew; a resumed one purges the events of the rounds it
-    recomputes, so each round appears once."""
+    recomputes (a `SessionLog.START` at its first round, as `SummaryWriter(purge_step=)` writes),
+    so each round appears once.
+
+    Events are written in this thread (tensorboardX's `EventsWriter`, not `SummaryWriter`, whose
+    writer thread dies on a full disk and leaves the run waiting on it): an `OSError` names the
+    folder and ends the run like any other write."""
 
     def __init__(self, log_dir: str | Path, config_yaml: str, first_round: int):
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import text
 
+        self.event = Event
         if first_round == 1:
             shutil.rmtree(log_dir, ignore_errors=True)  # a fresh run into an old RUN_DIR (its tables are rewritten too)
         # The file's name has the second it was made in; a resume within that second would
         # overwrite it, so the name also carries the first round (ordering the files as the
         # rounds) and a random part.
         suffix = f".{first_round:06d}.{uuid.uuid4().hex[:8]}"
-        self.writer = SummaryWriter(str(log_dir), purge_step=first_round, filename_suffix=suffix)
-        self.writer.add_text("config", f"```yaml\n{config_yaml}```", global_step=first_round - 1)
+        with self.naming(log_dir):
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self.events = EventsWriter(str(Path(log_dir) / "events"), suffix)
+        self.path = log_dir
+        self.write(Event(step=first_round, session_log=SessionLog(status=SessionLog.START)))
+        self.write(Event(step=first_round - 1, summary=text("config", f"```yaml\n{config_yaml}```")))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def naming(path: str | Path) -> Iterator[None]:
+        """An `OSError` inside names `path` (the record writer's says only the cause)."""
+        try:
+            yield
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+    def write(self, event: Any) -> None:
+        event.wall_time = time.time()
+        with self.naming(self.path):
+            self.events.write_event(event)
+            self.events.flush()
 
     def add(self, row: Mapping[str, Any]) -> None:
+        from tensorboardX.summary import scalar
+
         for key, value in row.items():
             if key != "round" and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-                self.writer.add_scalar(key.replace("@", "/"), float(value), global_step=row["round"])
-        self.writer.flush()
+                self.write(self.event(step=row["round"], summary=scalar(key.replace("@", "/"), float(value))))
 
     def close(self) -> None:
-        self.writer.close()
+        with self.naming(self.path):
+            self.events.close()
 
 
 def read_metrics(run_dir: str | Path) -> pd.DataFrame:

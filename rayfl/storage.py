@@ -43,6 +43,23 @@ def copy_tree(source: str, destination: str) -> None:
     fs.copy_files(source, destination)
 
 
+def write_atomic(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` to `path` as a whole or not at all: into a hidden `.NAME.tmp` beside it, then
+    renamed over it, so a full disk or a kill mid-write never leaves a partial file under the
+    final name (a reader sees the old file or the new one). On an `OSError` (`ENOSPC`, `EACCES`,
+    ...) the partial file is removed and the error names `path` itself."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+    return path
+
+
 def uri_exists(uri: str) -> bool:
     from pyarrow import fs
 

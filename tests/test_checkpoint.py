@@ -32,6 +32,7 @@ def test_round_trip_keeps_weights_optimizer_and_client_state(tmp_path):
     assert np.array_equal(back.clients[3]["head"], np.ones(2))
 
 
+@checkpoint.state_type
 @dataclasses.dataclass(frozen=True)
 class Groups:
     """A policy's own nested server state: one Adam optimizer per device group, and a tag."""

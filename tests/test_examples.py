@@ -35,6 +35,9 @@ def test_tune_experiments_pass_their_checks(path, monkeypatch):
 def test_cluster_manifests_parse():
     job = yaml.safe_load((ROOT / "cluster" / "kuberay-rayjob.yaml").read_text())
     assert job["kind"] == "RayJob" and "rayfl" in job["spec"]["entrypoint"]
+    spec = job["spec"]["rayClusterSpec"]  # token auth on, the dashboard reachable from the submitter pod
+    assert spec["authOptions"] == {"mode": "token"} and tuple(map(int, spec["rayVersion"].split("."))) >= (2, 52)
+    assert spec["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
     auto = yaml.safe_load((ROOT / "cluster" / "autoscaler.yaml").read_text())
     assert auto["head_node_type"] in auto["available_node_types"]
     assert all("--dashboard-host=127.0.0.1" in c for c in auto["head_start_ray_commands"] if "ray start" in c)

@@ -22,23 +22,32 @@ def test_summary_and_time_to_target(tmp_path):
 
 
 def test_a_write_killed_midway_keeps_the_last_complete_table(tmp_path, monkeypatch):
+    import os
+
     import pandas as pd
     import pytest
 
+    from rayfl import storage
+
     rec = Recorder(tmp_path)
     rec.record(row(1, 0.4, 10.0), [{"round": 1, "client_id": 0}])
-    real = pd.DataFrame.to_parquet
 
-    def dies_halfway(self, path, **kw):  # leaves a truncated file behind, then fails
-        open(path, "wb").write(b"PAR1")
-        raise KeyboardInterrupt
+    class Killed(BaseException):
+        pass
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", dies_halfway)
-    with pytest.raises(KeyboardInterrupt):
+    def killed(src, dst, real=os.replace):  # the new table written in full aside, the process killed before the rename
+        if str(dst).endswith("metrics.parquet"):
+            raise Killed
+        real(src, dst)
+
+    monkeypatch.setattr(storage.os, "replace", killed)
+    with pytest.raises(Killed):
         rec.record(row(2, 0.5, 20.0), [{"round": 2, "client_id": 0}])
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    monkeypatch.undo()
     assert pd.read_parquet(tmp_path / "metrics.parquet")["round"].tolist() == [1]
-    assert pd.read_parquet(tmp_path / "clients.parquet")["round"].tolist() == [1]
+    assert pd.read_parquet(tmp_path / ".metrics.parquet.tmp")["round"].tolist() == [1, 2]  # left aside, never read
+    rec.record(row(3, 0.6, 30.0), [{"round": 3, "client_id": 0}])
+    assert pd.read_parquet(tmp_path / "clients.parquet")["round"].tolist() == [1, 2, 3]
 
 
 def test_a_recorder_writes_where_it_was_made_whatever_the_working_directory(tmp_path, monkeypatch):

@@ -194,3 +194,19 @@ def test_losing_the_coordinators_node_then_a_clients_node_equals_the_undisturbed
     assert report["rounds"] == 10 and len(report["killed"]) == 2 and report["killed"][0] in ("A", "B") and report["killed"][1] != report["killed"][0]
     cfg = load_config(None, ["federation.rounds=10", "model.name=mlp"])
     assert_same_rounds(metrics_of(run_dir), undisturbed(cfg, tmp_path / "reference"))
+
+
+def test_two_live_runs_whose_run_dirs_share_a_name_share_a_cluster(ray_cluster, tmp_path):
+    cfg = load_config(None, ["federation.rounds=4", *SLOW])
+    first, second = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    summaries = {}
+    started = threading.Thread(target=lambda: summaries.update(a=api.run(cfg, first)))
+    started.start()
+    deadline = time.time() + 60
+    while not client_actors(ray_cluster, "run") and time.time() < deadline:
+        time.sleep(0.05)
+    assert client_actors(ray_cluster, "run")  # a's actors are live under the name `run`
+    summaries["b"] = api.run(cfg, second)  # b's take `run-<hex>`
+    started.join()
+    assert summaries["a"]["rounds"] == summaries["b"]["rounds"] == 4
+    assert_same_rounds(metrics_of(second), metrics_of(first))

@@ -43,9 +43,9 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
     home = tempfile.mkdtemp(prefix="rayfl-home-")  # a job's default RUN_DIR is ~/rayfl/runs/<job id> on the head
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "HOME": home}
     env.pop("RAY_ADDRESS", None)
-    dash, client_port = free_port(), free_port()
+    dash, client_port, gcs_port = free_port(), free_port(), free_port()
     cmd = [
-        "ray", "start", "--head", "--block", f"--port={free_port()}", f"--dashboard-port={dash}",
+        "ray", "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dash}",
         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
         f"--temp-dir={temp_dir}", f"--ray-client-server-port={client_port}",
     ]
@@ -62,7 +62,7 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
                 if time.time() > deadline or proc.poll() is not None:
                     raise RuntimeError("the head node did not come up")
                 time.sleep(0.5)
-        yield url, token, env, client_port
+        yield url, token, env, client_port, gcs_port
     finally:
         # `ray start --block` takes over 10 s to follow a SIGTERM here: after 2 s, SIGKILL the group.
         for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
@@ -80,7 +80,7 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
 
 
 def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, tmp_path):
-    url, token, env, _ = head_node
+    url, token, env, _, _ = head_node
     with pytest.raises(urllib.error.HTTPError) as denied:  # auth is on: no token, no answer
         get(f"{url}/api/jobs/")
     assert denied.value.code == 401
@@ -115,7 +115,7 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
 
 
 def test_a_failing_job_returns_non_zero(head_node, tmp_path):
-    url, token, env, _ = head_node
+    url, token, env, _, _ = head_node
     out = subprocess.run(
         [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--set", "data.name=cifar10", "--set", f"data.data_dir={tmp_path}"],
         env=env, capture_output=True, text=True, timeout=300,
@@ -126,7 +126,7 @@ def test_a_failing_job_returns_non_zero(head_node, tmp_path):
 
 
 def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, tmp_path):
-    url, token, env, client_port = head_node
+    url, token, env, client_port, _ = head_node
     out = subprocess.run(
         [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--fetch", "--to", str(tmp_path / "here"),
          "--set", "federation.rounds=1", "--set", "model.name=mlp", "--set", "ray.num_actors=1"],
@@ -149,7 +149,7 @@ def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, 
 
 
 def test_ray_job_submit_as_the_readme_shows_it(head_node, tmp_path):
-    url, token, env, _ = head_node
+    url, token, env, _, _ = head_node
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
         ["ray", "job", "submit", "--address", url, "--working-dir", ".", "--",
@@ -159,3 +159,18 @@ def test_ray_job_submit_as_the_readme_shows_it(head_node, tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = re.search(r"Job '(\S+)' succeeded", out.stdout + out.stderr).group(1)
     assert f"rayfl: RUN_DIR {os.path.join(env['HOME'], 'rayfl', 'runs', job_id)}" in out.stdout + out.stderr
+
+
+def test_joining_the_token_head_without_its_token_says_how_to_pass_it(head_node, tmp_path):
+    url, token, env, _, gcs_port = head_node
+    bare = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(tmp_path)}  # no token anywhere
+    address = f"127.0.0.1:{gcs_port}"
+    run = [sys.executable, "-m", "rayfl", "run", "--address", address, "--set", "federation.rounds=1", "--set", "model.name=mlp"]
+    done = subprocess.run(run, env=bare, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"rayfl: error: --address {address}: the cluster uses token authentication and this process has no valid token: "
+        "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
+    ], done.stderr
+    assert list(tmp_path.iterdir()) == []
+    done = subprocess.run([*run, "--out", "run"], env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "final test accuracy" in done.stdout, done.stderr[-2000:]

@@ -1,0 +1,157 @@
+"""Every crafted input of issue 30's drill is refused before anything starts: exit 2, one line
+naming the key or file, nothing written (the run is started from an empty folder, which must
+stay as it was), in process and on Ray alike (found before a cluster would start)."""
+
+import pytest
+import torch
+
+from rayfl.cli import main
+from rayfl.configbase import MAX_SHOWN
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.fixture(params=[["--local"], ["--set", "ray.dashboard=false"]], ids=["local", "ray"])
+def mode(request):
+    return request.param
+
+
+def refused(tmp_path, monkeypatch, capsys, argv, mode=("--local",)):
+    """The one stderr line of a refused `rayfl run` started in an empty folder (left empty)."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    monkeypatch.chdir(work)
+    assert main(["run", *mode, *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("rayfl: error: "), err
+    assert list(work.iterdir()) == []  # nothing written
+    return err[0].removeprefix("rayfl: error: ")
+
+
+def config_file(tmp_path, content: bytes):
+    path = tmp_path / "cfg.yaml"
+    path.write_bytes(content)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("federation.lr", ".inf", "--set federation.lr: the value: inf is not a finite number"),
+        ("ray.cpus_per_actor", ".nan", "--set ray.cpus_per_actor: the value: nan is not a finite number"),
+        ("devices.compute_scale", "-.inf", "--set devices.compute_scale: the value: -inf is not a finite number"),
+        ("federation.rounds", str(10**30), "federation.rounds: Input should be less than or equal to 1000000"),
+        ("federation.rounds", str(10**9), "federation.rounds: Input should be less than or equal to 1000000"),
+        ("federation.clients_per_round", str(10**7), "federation.clients_per_round: Input should be less than or equal to 100000"),
+        ("data.num_clients", str(10**12), "data.num_clients: Input should be less than or equal to 1000000000"),
+        ("ray.num_actors", str(10**5), "ray.num_actors: Input should be 'auto' or Input should be less than or equal to 10000"),
+    ],
+)
+def test_numbers_that_are_not_finite_or_would_exhaust_memory(tmp_path, monkeypatch, capsys, mode, key, value, said):
+    assert refused(tmp_path, monkeypatch, capsys, ["--set", f"{key}={value}"], mode) == said
+
+
+def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_its_key(tmp_path, monkeypatch, capsys, mode):
+    from rayfl.config import ConfigError
+    from rayfl.loader import parse_config
+
+    path = config_file(tmp_path, b"federation:\n  lr: .inf\n")
+    assert refused(tmp_path, monkeypatch, capsys, [path], mode) == f"{path}: federation.lr: inf is not a finite number"
+    with pytest.raises(ConfigError, match=r"^ray.cpus_per_actor: Input should be a finite number$"):
+        parse_config({"ray": {"cpus_per_actor": float("inf")}})
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"federation:\n  rounds: \xff\xfe\n", "not UTF-8 text (byte 22)"),
+        (b"? [a, b]\n: 1\n", "line 1 a key must be a plain value, not a list or mapping"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
+        (b"a:\n" + b"".join(b"  " * k + b"b:\n" for k in range(1, 80)), "nested more than 64 levels deep"),
+        (b"x: " + b"y" * (10 * 1024 * 1024), "larger than 10 MB"),
+    ],
+    ids=["not-utf8", "complex-key", "deep-list", "deep-mapping", "oversized"],
+)
+def test_files_that_are_not_plain_small_utf8_yaml(tmp_path, monkeypatch, capsys, mode, content, said):
+    path = config_file(tmp_path, content)
+    assert refused(tmp_path, monkeypatch, capsys, [path], mode) == f"{path}: {said}"
+
+
+def test_echoed_text_is_cut_and_its_control_and_bidi_characters_escaped(tmp_path, monkeypatch, capsys, mode):
+    said = refused(tmp_path, monkeypatch, capsys, ["--set", "federation.\u202erounds\x1b[2J=3"], mode)
+    assert "\u202e" not in said and "\x1b" not in said and "federation.\\u202erounds\\u001b[2J: unknown key" in said
+    said = refused(tmp_path, monkeypatch, capsys, ["--set", "algorithm.name=" + "x" * 50_000], mode)
+    assert len(said) <= MAX_SHOWN and "characters)..." in said and said.startswith("algorithm.name: unknown algorithm")
+
+
+@pytest.mark.parametrize(
+    "saved, why",
+    [
+        ({"state": {"round": 1}, "virtual_time_s": 0.0}, "its state is a dict, not a ServerState"),
+        ({"weights": {}}, "not a rayfl checkpoint"),
+        ({"state": {"__dataclass__": "rayfl.config:RunConfig", "fields": {}}, "virtual_time_s": 0.0}, "'rayfl.config:RunConfig' is not one of rayfl's state types"),
+        ({"state": {"__dataclass__": "rayfl.algorithms.messages:ServerState", "fields": {"round": -1, "weights": {}}}, "virtual_time_s": 0.0}, "round is not a count"),
+        (
+            {"state": {"__dataclass__": "rayfl.algorithms.messages:ServerState", "fields": {"round": 1, "weights": {"w": torch.zeros(1)}}}, "virtual_time_s": float("inf")},
+            "virtual_time_s is not a finite number",
+        ),
+    ],
+    ids=["dict-state", "no-state", "foreign-dataclass", "negative-round", "infinite-clock"],
+)
+def test_a_checkpoint_that_is_not_a_server_state_is_refused(tmp_path, monkeypatch, capsys, saved, why):
+    from rayfl import checkpoint
+    from rayfl.config import ConfigError
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--local", "--out", str(run_dir), "--set", "federation.rounds=1", "--set", "model.name=mlp"]) == 0
+    path = run_dir / "checkpoints" / "round_00001.pt"
+    torch.save(saved, path)  # loads under weights_only: plain dicts, numbers and tensors
+    torch.load(path, weights_only=True)
+    with pytest.raises(ConfigError, match="no readable checkpoint"):
+        checkpoint.latest(run_dir)
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    capsys.readouterr()
+    assert main(["run", "--local", "--resume", str(run_dir), "--set", "federation.rounds=2"]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"rayfl: error: --resume {run_dir}: no readable checkpoint: {path} (") and why in err
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
+def rayfl_in(folder, *argv, **env):
+    """`rayfl run` in a fresh process (this one may already hold a Ray session), from `folder`."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env
+    return subprocess.run([sys.executable, "-m", "rayfl", "run", *argv], cwd=folder, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "address, said",
+    [
+        ("127.0.0.1:{port}", "--address 127.0.0.1:{port}: nothing answers there (Connection refused)"),
+        ("http://127.0.0.1:{port}", "--address http://127.0.0.1:{port}: a dashboard's address (rayfl submit takes it)"),
+        ("127.0.0.1", "--address 127.0.0.1: not HOST:PORT"),
+    ],
+    ids=["nothing-listens", "dashboard-url", "no-port"],
+)
+def test_an_address_where_no_head_answers_fails_at_once_with_one_line(tmp_path, address, said):
+    port = free_port()
+    done = rayfl_in(tmp_path, "--address", address.format(port=port), "--set", "federation.rounds=1")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(f"rayfl: error: {said.format(port=port)}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_gpus_this_machine_lacks_are_refused_before_a_local_cluster_starts(tmp_path):
+    done = rayfl_in(tmp_path, "--set", "ray.gpus_per_actor=0.5", CUDA_VISIBLE_DEVICES="", RAY_TMPDIR=str(tmp_path / "ray"))
+    assert done.returncode == 2 and done.stderr.strip() == "rayfl: error: ray.num_actors: 1 client actors x 0.5 GPU need 0.5 GPU; the cluster has 0", done.stderr
+    assert list(tmp_path.iterdir()) == []  # no RUN_DIR, and no Ray session folder: no cluster started
