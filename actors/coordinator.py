@@ -81,46 +81,61 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 @ray.remote(max_concurrency=3)
 class Coordinator:
-    def __init__(self, federation_box: list, run_dir: str, run_id: str, clients: list):
-        # Boxed, so the reference arrives unresolved: holding it keeps the federation (and its
-        # dataset) in the object store for as long as the run, which a restarting client needs.
-        self.federation_ref = federation_box[0]
-        self.fed = ray.get(self.federation_ref)
-        self.run_dir = run_dir
-        self.run_id = run_id
+    """The round loop on Ray. Its constructor takes plain values only (Ray restarts it with them,
+    and warns of constructor arguments that are references or handles): the federation arrives
+    with each `warm` and `run` call, boxed so its reference stays unresolved, and the client
+    actors are found by name."""
+
+    def __init__(self, run_dir: str, run_id: str, key: str, num_clients: int):
+        self.run_dir, self.run_id, self.key, self.num_clients = run_dir, run_id, key, num_clients
+        self.fed: Federation | None = None
         self.metrics: DashboardMetrics | None = None
-        cfg = self.fed.config
-        self.executor = RayExecutor(
-            clients, self.federation_ref, self.fed.policy, timeout_s=cfg.ray.actor_timeout_s, max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note
-        )
         self._rows: list[dict[str, Any]] = []
         self._notes: list[str] = []
         self._lock = threading.Lock()
         self._running = threading.Lock()  # one run at a time (a driver that lost touch asks again)
 
-    def warm(self) -> None:
+    def _attach(self, federation_box: list) -> Federation:
+        """The federation and the pool of client actors, once. Holding the reference keeps the
+        federation (and its dataset) in the object store for as long as the run, which a
+        restarting client needs."""
+        with self._lock:
+            if self.fed is None:
+                self.federation_ref = federation_box[0]
+                fed = ray.get(self.federation_ref)
+                clients = [ray.get_actor(actor_name(self.key, f"client-{k}"), namespace=NAMESPACE) for k in range(self.num_clients)]
+                cfg = fed.config
+                self.executor = RayExecutor(
+                    clients, self.federation_ref, fed.policy, timeout_s=cfg.ray.actor_timeout_s, max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note
+                )
+                self.fed = fed
+        return self.fed
+
+    def warm(self, federation_box: list) -> None:
         """While the client actors warm up: the libraries the round loop writes tables with, the
         global model's measured cost and an evaluation of it (first-call set-up)."""
         import pyarrow.parquet  # noqa: F401  (what `Recorder` writes with)
 
         from rayfl import metrics  # noqa: F401
 
+        fed = self._attach(federation_box)
         with torch_threads():
-            self.fed.cost_of(self.fed.policy.global_model())
-            self.fed.evaluator(self.fed.initial_weights(), self.fed.policy.global_model())
+            fed.cost_of(fed.policy.global_model())
+            fed.evaluator(fed.initial_weights(), fed.policy.global_model())
 
-    def run(self, start: Start | None) -> dict[str, Any]:
+    def run(self, federation_box: list, start: Start | None) -> dict[str, Any]:
         """The rounds from `start`; None (a coordinator Ray restarted): from RUN_DIR's newest
         checkpoint, or from round 0 where none was written."""
+        fed = self._attach(federation_box)
         with self._running:
             if start is None:
-                start = start_of(self.fed, self.run_dir, resume=checkpoint.exists(self.run_dir))
+                start = start_of(fed, self.run_dir, resume=checkpoint.exists(self.run_dir))
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
             elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-            self.metrics = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, elapsed)
+            self.metrics = DashboardMetrics(self.run_id, fed.config.algorithm.name, elapsed)
             with torch_threads():
-                return run_federation(self.fed, self.executor, self.run_dir, start, self._on_round)
+                return run_federation(fed, self.executor, self.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         self.metrics.record(row, self.executor.alive())
@@ -173,5 +188,5 @@ def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.ac
     key = run_key(run_id)
     fed_ref = ray.put(fed)
     clients = create_client_actors(fed.config, key, num_actors)
-    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote([fed_ref], run_dir, run_id, clients)
+    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote(run_dir, run_id, key, len(clients))
     return coordinator, clients, fed_ref

@@ -179,11 +179,11 @@ def run(
     try:
         coordinator, clients, fed_ref = start_federation(fed, str(run_dir), run_id)
         actors = [coordinator, *clients]
-        coordinator_ready = coordinator.warm.remote()
+        coordinator_ready = coordinator.warm.remote([fed_ref])
         wait_for_actors(clients, config.ray.actor_timeout_s, log.info, federation_ref=fed_ref)
         ray.get(coordinator_ready)
         phase("actors")
-        summary = follow(coordinator, start, progress, config.ray.actor_timeout_s)
+        summary = follow(coordinator, [fed_ref], start, progress, config.ray.actor_timeout_s)
         phase("rounds")
         return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
@@ -200,7 +200,7 @@ def run(
         phase("shutdown")
 
 
-def follow(coordinator: Any, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+def follow(coordinator: Any, federation_box: list, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
     """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
     notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
     died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
@@ -210,7 +210,7 @@ def follow(coordinator: Any, start: Start, progress: Progress | None, timeout_s:
 
     last, begin = start.state.round, start
     while True:
-        done = coordinator.run.remote(begin)
+        done = coordinator.run.remote(federation_box, begin)
         try:
             finished = False
             while not finished:
