@@ -10,19 +10,22 @@ it dies anyway; the driver then runs it again from RUN_DIR's newest checkpoint (
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import threading
+import time
 from typing import Any, Mapping
 
 import ray
+from ray.exceptions import ActorUnavailableError
 from ray.util import metrics as ray_metrics
 
 from actors.client import NAMESPACE, actor_name, create_client_actors
 from actors.pool import RayExecutor, check_fits, pool_size
 from rayfl import checkpoint
 from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import Federation, Start, run_federation, start_of, torch_threads
+from rayfl.engine import Federation, Progress, Start, run_federation, start_of, torch_threads
 
 
 class DashboardMetrics:
@@ -75,6 +78,8 @@ class DashboardMetrics:
                 self.clients.inc(row[column], tags={**self.tags, "status": status})
 
 
+log = logging.getLogger("rayfl")
+
 HEAD_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node only."""
 
@@ -86,8 +91,8 @@ class Coordinator:
     with each `warm` and `run` call, boxed so its reference stays unresolved, and the client
     actors are found by name."""
 
-    def __init__(self, run_dir: str, run_id: str, key: str, num_clients: int):
-        self.run_dir, self.run_id, self.key, self.num_clients = run_dir, run_id, key, num_clients
+    def __init__(self, run_dir: str, key: str, num_clients: int):
+        self.run_dir, self.key, self.num_clients = run_dir, key, num_clients
         self.fed: Federation | None = None
         self.metrics: DashboardMetrics | None = None
         self._rows: list[dict[str, Any]] = []
@@ -133,7 +138,7 @@ class Coordinator:
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
             elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-            self.metrics = DashboardMetrics(self.run_id, fed.config.algorithm.name, elapsed)
+            self.metrics = DashboardMetrics(self.key, fed.config.algorithm.name, elapsed)  # the key: two runs' series never mix
             with torch_threads():
                 return run_federation(fed, self.executor, self.run_dir, start, self._on_round)
 
@@ -156,9 +161,11 @@ class Coordinator:
 
 def coordinator_options(config: RunConfig, run_id: str) -> dict[str, Any]:
     """Where the coordinator runs (`ray.coordinator_node`: the head node by default, where losing
-    it is least likely) and how often Ray restarts it (`ray.coordinator_restarts`)."""
+    it is least likely) and how often Ray restarts it (`ray.coordinator_restarts`). Inside a
+    placement group (a Tune trial's) the group places it: its bundles hold no node resource."""
     node = config.ray.coordinator_node
-    resources = {} if node == "any" else {HEAD_RESOURCE if node == "head" else node: 0.001}
+    placed_by_group = ray.util.get_current_placement_group() is not None
+    resources = {} if node == "any" or placed_by_group else {HEAD_RESOURCE if node == "head" else node: 0.001}
     return dict(
         name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0, resources=resources, max_restarts=config.ray.coordinator_restarts, max_task_retries=0
     )
@@ -171,6 +178,10 @@ def run_key(run_id: str) -> str:
         ray.get_actor(actor_name(run_id, "client-0"), namespace=NAMESPACE)
     except ValueError:
         return run_id
+    return suffixed(run_id)
+
+
+def suffixed(run_id: str) -> str:
     return f"{run_id}-{secrets.token_hex(2)}"
 
 
@@ -186,7 +197,50 @@ def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.ac
     if node not in ("head", "any") and node not in ray.cluster_resources():
         raise ConfigError(f"ray.coordinator_node: no node of the cluster has a resource {node!r}")
     key = run_key(run_id)
+    try:
+        clients = create_client_actors(fed.config, key, num_actors)
+    except ray.exceptions.ActorAlreadyExistsError:  # a run of the same name started in the same instant
+        key = suffixed(run_id)
+        clients = create_client_actors(fed.config, key, num_actors)
     fed_ref = ray.put(fed)
-    clients = create_client_actors(fed.config, key, num_actors)
-    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote(run_dir, run_id, key, len(clients))
+    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote(run_dir, key, len(clients))
     return coordinator, clients, fed_ref
+
+
+def follow(coordinator: Any, federation_box: list, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+    """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
+    notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
+    died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
+    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
+    last, begin = start.state.round, start
+    while True:
+        done = coordinator.run.remote(federation_box, begin)
+        try:
+            finished = False
+            while not finished:
+                finished = bool(ray.wait([done], timeout=0.5)[0])
+                rows, notes = ray.get(coordinator.progress.remote())
+                for note in notes:
+                    log.warning(note)
+                for row in rows:
+                    if row["round"] > last and progress is not None:
+                        progress(row)
+                    last = max(last, row["round"])
+            return ray.get(done)
+        except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
+            log.warning("the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR")
+            wait_until_answers(coordinator, timeout_s)
+            begin = None
+
+
+def wait_until_answers(actor: Any, timeout_s: float) -> None:
+    """Block until `actor` answers a call again (Ray restarted it); `RuntimeError` after `timeout_s`."""
+    started = time.monotonic()
+    while True:
+        try:
+            ray.get(actor.progress.remote(), timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+            return
+        except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s") from None
+            time.sleep(0.5)

@@ -84,6 +84,8 @@ def wait_for_actors(
                 ray.get(ref)
             except ActorUnavailableError:  # killed while it warmed up, or restarting: ask it again
                 owner[call(actor)] = actor
+            except RayActorError as exc:  # dead for good (its constructor failed, or no restarts left)
+                raise RuntimeError(f"client actor {actors.index(actor)} died while starting ({type(exc).__name__})") from None
         if not owner:
             return
         waited = time.monotonic() - started
@@ -177,9 +179,9 @@ class RayExecutor:
         started = reported = time.monotonic()
         waiting = list(actors)
         while waiting:
-            try:
-                ray.get([a.ready.remote() for a in waiting])
-            except RayActorError:
+            try:  # bounded: a call to an actor Ray cannot place again (its node gone) waits forever
+                ray.get([a.ready.remote() for a in waiting], timeout=max(1.0, self.timeout_s - (time.monotonic() - started)))
+            except (RayActorError, ray.exceptions.GetTimeoutError):
                 now = time.monotonic()
                 if now - started > self.timeout_s:
                     raise PoolLost(f"client actors did not answer within ray.actor_timeout_s = {self.timeout_s:g} s") from None

@@ -15,19 +15,17 @@ on the job's node (Ray Client, `ray://HOST:10001`).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
 import re
 import secrets
 import shlex
-import sys
 import tarfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
 import yaml
@@ -35,7 +33,7 @@ import yaml
 from . import checkpoint, storage
 from .config import ConfigError, RunConfig, to_dict
 from .configbase import shown
-from .engine import Progress, Start, new_run_dir, prepare
+from .engine import Progress, new_run_dir, prepare
 from .loader import PATHS
 
 log = logging.getLogger("rayfl")
@@ -51,87 +49,13 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
         return False
     quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl speaks in its own lines
     if address or os.environ.get("RAY_ADDRESS"):
+        from actors.address import probe
+
         probe(address or os.environ["RAY_ADDRESS"])
         ray.init(address=address, **quiet)
     else:
         ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
     return True
-
-
-PROBE_S = 5.0
-"""Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
-
-
-def probe(address: str) -> None:
-    """`ConfigError` (one line) unless `address` is a Ray head this process may join, found in
-    seconds instead of `ray.init`'s minutes of retries: nothing accepts a connection there within
-    `PROBE_S`, or it does not answer as a head's GCS, or the head uses token authentication and
-    this process has no token for it (then the line says how to pass one). `auto` and `local`
-    are left to Ray; a `ray://` address (Ray Client) is checked for a connection only."""
-    import socket
-    import threading
-
-    if address in ("auto", "local"):
-        return
-    if address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379")
-    client = address.startswith("ray://")
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not port.isdigit():
-        raise ConfigError(f"--address {shown(address, 80)}: not HOST:PORT (e.g. 127.0.0.1:6379) or ray://HOST:PORT")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
-    except OSError as exc:
-        raise ConfigError(f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?") from None
-    if client:
-        return
-    from ray._raylet import GcsClient  # the client ray.init itself makes first (its failures log C++ lines: silenced)
-
-    answer: list[BaseException | None] = []
-    thread = threading.Thread(target=lambda: answer.append(_gcs_error(GcsClient, address)), daemon=True)
-    with _silent_stderr(thread.is_alive):
-        thread.start()
-        thread.join(PROBE_S)
-    error = answer[0] if answer else TimeoutError()
-    if isinstance(error, ray_exceptions().AuthenticationError):
-        raise ConfigError(
-            f"--address {shown(address, 80)}: the cluster uses token authentication and this process has no valid token: "
-            "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
-        )
-    if error is not None:
-        raise ConfigError(f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s")
-
-
-def _gcs_error(gcs_client: Callable[..., Any], address: str) -> BaseException | None:
-    try:
-        gcs_client(address=address).internal_kv_get(b"rayfl-probe", namespace=None, timeout=PROBE_S)
-    except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
-        return exc
-    return None
-
-
-def ray_exceptions() -> Any:
-    import ray.exceptions
-
-    return ray.exceptions
-
-
-@contextlib.contextmanager
-def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
-    """File descriptor 2 to /dev/null (Ray's C++ writes there directly), restored after; while
-    `still_talking()` (a probe thread that outlived its wait and goes on logging), it stays
-    there and Python's `sys.stderr` moves to a copy of the original, so rayfl's one line shows."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        if still_talking():
-            sys.stderr = os.fdopen(saved, "w", buffering=1)
-        else:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def run(
@@ -162,17 +86,12 @@ def run(
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    from actors.coordinator import start_federation
-    from actors.pool import check_fits, wait_for_actors
+    from actors.coordinator import follow, start_federation
+    from actors.pool import wait_for_actors
 
     address = address or config.ray.address
     if not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS")):
-        # A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
-        # respected, as Ray does): refuse before starting it. `auto` needs room for one actor.
-        import torch
-
-        count = 1 if config.ray.num_actors == "auto" else config.ray.num_actors
-        check_fits(config, count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, None)
+        check_fits_here(config)
     connected = connect(address, config.ray.dashboard)
     phase("ray_start")
     actors: list = []
@@ -190,8 +109,8 @@ def run(
         raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
-    except RunFailed as exc:  # the coordinator did not come back
-        raise RunFailed(f"{exc}; {resume_hint(run_dir)}") from exc
+    except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
+        raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -200,49 +119,15 @@ def run(
         phase("shutdown")
 
 
-def follow(coordinator: Any, federation_box: list, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
-    """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
-    notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
-    died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
-    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
-    import ray
-    from ray.exceptions import ActorUnavailableError
+def check_fits_here(config: RunConfig) -> None:
+    """A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
+    respected, as Ray does): refuse before starting it. `auto` needs room for one actor."""
+    import torch
 
-    last, begin = start.state.round, start
-    while True:
-        done = coordinator.run.remote(federation_box, begin)
-        try:
-            finished = False
-            while not finished:
-                finished = bool(ray.wait([done], timeout=0.5)[0])
-                rows, notes = ray.get(coordinator.progress.remote())
-                for note in notes:
-                    log.warning(note)
-                for row in rows:
-                    if row["round"] > last and progress is not None:
-                        progress(row)
-                    last = max(last, row["round"])
-            return ray.get(done)
-        except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
-            log.warning("the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR")
-            wait_until_answers(coordinator, timeout_s)
-            begin = None
+    from actors.pool import check_fits
 
-
-def wait_until_answers(actor: Any, timeout_s: float) -> None:
-    """Block until `actor` answers a call again (Ray restarted it); `RunFailed` after `timeout_s`."""
-    import ray
-    from ray.exceptions import ActorUnavailableError
-
-    started = time.monotonic()
-    while True:
-        try:
-            ray.get(actor.progress.remote(), timeout=max(1.0, timeout_s - (time.monotonic() - started)))
-            return
-        except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
-            if time.monotonic() - started > timeout_s:
-                raise RunFailed(f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s") from None
-            time.sleep(0.5)
+    count = 1 if config.ray.num_actors == "auto" else config.ray.num_actors
+    check_fits(config, count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, None)
 
 
 class Phases:
@@ -265,7 +150,7 @@ class RunFailed(RuntimeError):
 def broke_off(exc: BaseException, run_dir: Path) -> RunFailed:
     """The one line of a run that `exc` ended (in this process or in the coordinator): the error's
     type and first line (an `OSError` names its path and cause), and how to continue."""
-    first = (str(exc).splitlines() or [""])[0]
+    first = shown((str(exc).splitlines() or [""])[0])  # the cause cut and escaped; the hint whole
     return RunFailed(f"{type(exc).__name__}: {first}; {resume_hint(run_dir)}")
 
 

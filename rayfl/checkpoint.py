@@ -142,6 +142,13 @@ def _paths(run_dir: str | Path) -> list[Path]:
     return sorted((Path(run_dir) / FOLDER).glob("round_*.pt"))
 
 
+def clear(run_dir: str | Path) -> None:
+    """Remove the checkpoints of an earlier run in RUN_DIR: a fresh run into it must never resume
+    (after a coordinator restart, or by `--resume`) from another run's state."""
+    for path in _paths(run_dir):
+        path.unlink()
+
+
 def exists(run_dir: str | Path) -> bool:
     """Whether RUN_DIR holds a checkpoint to resume from."""
     return bool(_paths(run_dir))

@@ -333,8 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a failure during the run: one line, exit 1
         if args.debug:
             raise
-        what = str(exc) if type(exc).__name__ == "RunFailed" else f"{type(exc).__name__}: {exc}"
-        print(f"rayfl: run failed: {shown(what.splitlines()[0]) if what else type(exc).__name__}", file=sys.stderr)
+        if type(exc).__name__ == "RunFailed":  # one line already, its cause cut, its resume hint whole
+            print(f"rayfl: run failed: {exc}", file=sys.stderr)
+        else:
+            print(f"rayfl: run failed: {shown((f'{type(exc).__name__}: {exc}'.splitlines() or [''])[0])}", file=sys.stderr)
         return 1
 
 

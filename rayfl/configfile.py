@@ -77,8 +77,15 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
 
 class Loader(yaml.SafeLoader):
     """`yaml.SafeLoader` for configs and `--set` values: a key given twice in one mapping is an
-    error (the last would win silently), a key must be a plain value (no list or mapping), and a
-    ratio like `1:2:7` stays a string (YAML 1.1 reads `1:2` as the base-60 number 62)."""
+    error (the last would win silently), a key must be a plain value (no list or mapping), an
+    alias (`*name`) is refused (nested aliases expand exponentially: a few hundred bytes would
+    take days), and a ratio like `1:2:7` stays a string (YAML 1.1 reads `1:2` as the base-60
+    number 62)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "an alias (*name) is not allowed", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -114,8 +121,10 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", "") or ""
-        said = problem if problem.startswith(("duplicate key", "a key must")) else "invalid YAML"
+        said = problem if problem.startswith(("duplicate key", "a key must", "an alias")) else "invalid YAML"
         raise ConfigError(f"{where}:{line} {said}") from None
+    except (ValueError, OverflowError) as exc:  # a value YAML recognises but cannot build: 2024-13-01, 5,000 digits
+        raise ConfigError(f"{where}: invalid value ({(str(exc).splitlines() or [''])[0][:80]})") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     check_values(data, where)

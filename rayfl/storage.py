@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Iterator
 
@@ -44,15 +45,17 @@ def copy_tree(source: str, destination: str) -> None:
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> Path:
-    """Write `data` to `path` as a whole or not at all: into a hidden `.NAME.tmp` beside it, then
+    """Write `data` to `path` as a whole or not at all: into a hidden `.NAME.<pid>-<hex>.tmp` beside it, then
     renamed over it, so a full disk or a kill mid-write never leaves a partial file under the
     final name (a reader sees the old file or the new one). On an `OSError` (`ENOSPC`, `EACCES`,
     ...) the partial file is removed and the error names `path` itself."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")  # two writers never share one
     try:
         with open(tmp, "wb") as out:
             out.write(data.encode() if isinstance(data, str) else data)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the rename makes it the file
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -69,8 +69,11 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
         (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
         (b"a:\n" + b"".join(b"  " * k + b"b:\n" for k in range(1, 80)), "nested more than 64 levels deep"),
         (b"x: " + b"y" * (10 * 1024 * 1024), "larger than 10 MB"),
+        (b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n", "line 2 an alias (*name) is not allowed"),
+        (b"seed: 2024-13-01\n", "invalid value (month must be in 1..12)"),
+        (b"seed: " + b"9" * 5000 + b"\n", "invalid value (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 di)"),
     ],
-    ids=["not-utf8", "complex-key", "deep-list", "deep-mapping", "oversized"],
+    ids=["not-utf8", "complex-key", "deep-list", "deep-mapping", "oversized", "alias-bomb", "bad-date", "huge-integer"],
 )
 def test_files_that_are_not_plain_small_utf8_yaml(tmp_path, monkeypatch, capsys, mode, content, said):
     path = config_file(tmp_path, content)

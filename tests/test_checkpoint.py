@@ -103,3 +103,12 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, base):
         cols = [c for c in a.columns if c != "wall_time_s"]
         pd.testing.assert_frame_equal(a[cols], b[cols])
     assert sorted(p.name for p in (broken / "checkpoints").iterdir()) == ["round_00002.pt", "round_00004.pt"]
+
+
+def test_a_fresh_run_into_an_old_run_dir_leaves_none_of_its_checkpoints(tmp_path):
+    """Else a restarted coordinator (or `--resume`) would continue from the other run's round."""
+    base = ["model.name=mlp", "federation.checkpoint_every=1"]
+    run_local(load_config(None, [*base, "federation.rounds=3"]), tmp_path)
+    run_local(load_config(None, [*base, "federation.rounds=2", "seed=1"]), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["round_00001.pt", "round_00002.pt"]
+    assert checkpoint.latest(tmp_path).state.round == 2

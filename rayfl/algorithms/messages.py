@@ -92,7 +92,8 @@ class ServerState:
     """Everything a policy needs between rounds; a checkpoint is this state serialized.
 
     `opt_state` and `clients` may be any nesting of dicts, lists, tuples and dataclasses of
-    numpy arrays, numbers and strings (`rayfl.checkpoint` writes them without pickle)."""
+    numpy arrays, numbers and strings (`rayfl.checkpoint` writes them without pickle; a
+    policy's own dataclass is registered with `@rayfl.checkpoint.state_type`)."""
 
     round: Round
     weights: Weights

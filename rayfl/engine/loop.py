@@ -82,7 +82,10 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
         hint = f"; its paper's setting: devices.profile={declared}" if declared and declared != config.devices.profile else ""
         log.warning(f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}")
     check_writable(run_dir)
-    return fed, start_of(fed, run_dir, resume)
+    start = start_of(fed, run_dir, resume)
+    if config.federation.checkpoint_every:
+        checkpoint.encode(start.state)  # a state that cannot be checkpointed fails here, not after its first rounds
+    return fed, start
 
 
 def start_of(fed: Federation, run_dir: str | Path, resume: bool) -> Start:
@@ -100,6 +103,8 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
     the rows after its checkpoint (identically, since every draw is keyed by round)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if start.state.round == 0:  # a fresh run (a resumed one starts from a checkpoint's round >= 1)
+        checkpoint.clear(run_dir)
     dump_config(fed.config, run_dir / "config.yaml")
     recorder = start.recorder
     board = TensorBoard(run_dir / "tb", (run_dir / "config.yaml").read_text(), start.state.round + 1) if fed.config.metrics.tensorboard else None

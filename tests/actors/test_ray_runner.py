@@ -1,6 +1,5 @@
 """The Ray runner: identical metrics to the in-process runner, and survival of a killed actor."""
 
-import threading
 import time
 
 import pandas as pd
@@ -9,6 +8,7 @@ import pytest
 from rayfl import api
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.actors.drills import checkpoint_of, once_written
 from tests.test_dropouts import DEVICES
 
 pytestmark = pytest.mark.ray
@@ -48,16 +48,11 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     victim = f"rayfl:{run_dir.name}:client-0"
     killed = []
 
-    def kill_after_first_round():
-        deadline = time.time() + 120
-        while time.time() < deadline and not (run_dir / "metrics.parquet").exists():
-            time.sleep(0.05)
-        handle = ray_cluster.get_actor(victim, namespace="rayfl")
-        ray_cluster.kill(handle, no_restart=False)
+    def kill_a_client():
+        ray_cluster.kill(ray_cluster.get_actor(victim, namespace="rayfl"), no_restart=False)
         killed.append(time.time())
 
-    killer = threading.Thread(target=kill_after_first_round)
-    killer.start()
+    killer = once_written(run_dir / "metrics.parquet", kill_a_client)
     summary = api.run(cfg, run_dir)
     killer.join()
     assert killed, "the actor was never killed"
@@ -194,14 +189,10 @@ def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_
     cfg = load_config(None, ["federation.rounds=6", "federation.checkpoint_every=1", "model.name=mlp", "clock=emulate", "clock_scale=0.05", "ray.num_actors=1"])
     run_dir = tmp_path / "run"
 
-    def kill_after_round_two():
-        deadline = time.time() + 120
-        while time.time() < deadline and not (run_dir / "checkpoints" / "round_00002.pt").exists():
-            time.sleep(0.05)
+    def kill_the_coordinator():  # for good
         ray_cluster.kill(ray_cluster.get_actor(f"rayfl:{run_dir.name}:coordinator", namespace="rayfl"))
 
-    killer = threading.Thread(target=kill_after_round_two)
-    killer.start()
+    killer = once_written(checkpoint_of(run_dir, 2), kill_the_coordinator)
     with pytest.raises(api.RunFailed) as failed:
         api.run(cfg, run_dir)
     killer.join()

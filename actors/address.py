@@ -1,0 +1,83 @@
+"""A cluster's address checked before `ray.init`, which retries for minutes against an address
+where nothing answers, and prints a line a second while it does (docs/faults.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+from ray.exceptions import AuthenticationError
+
+from rayfl.config import ConfigError
+from rayfl.configbase import shown
+
+
+PROBE_S = 5.0
+"""Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
+
+
+def probe(address: str) -> None:
+    """`ConfigError` (one line) unless `address` is a Ray head this process may join, found in
+    seconds instead of `ray.init`'s minutes of retries: nothing accepts a connection there within
+    `PROBE_S`, or it does not answer as a head's GCS, or the head uses token authentication and
+    this process has no token for it (then the line says how to pass one). `auto` and `local`
+    are left to Ray; a `ray://` address (Ray Client) is checked for a connection only."""
+    if address in ("auto", "local"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise ConfigError(f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379")
+    client = address.startswith("ray://")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"--address {shown(address, 80)}: not HOST:PORT (e.g. 127.0.0.1:6379) or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?") from None
+    if client:
+        return
+    from ray._raylet import GcsClient  # the client ray.init itself makes first (its failures log C++ lines: silenced)
+
+    answer: list[BaseException | None] = []
+    thread = threading.Thread(target=lambda: answer.append(_gcs_error(GcsClient, address)), daemon=True)
+    with _silent_stderr(thread.is_alive):
+        thread.start()
+        thread.join(PROBE_S)
+    error = answer[0] if answer else TimeoutError()
+    if isinstance(error, AuthenticationError):
+        raise ConfigError(
+            f"--address {shown(address, 80)}: the cluster uses token authentication and this process has no valid token: "
+            "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
+        )
+    if error is not None:
+        raise ConfigError(f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s")
+
+
+def _gcs_error(gcs_client: Callable[..., Any], address: str) -> BaseException | None:
+    try:
+        gcs_client(address=address).internal_kv_get(b"rayfl-probe", namespace=None, timeout=PROBE_S)
+    except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
+        return exc
+    return None
+
+
+@contextlib.contextmanager
+def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
+    """File descriptor 2 to /dev/null (Ray's C++ writes there directly), restored after; while
+    `still_talking()` (a probe thread that outlived its wait and goes on logging), it stays
+    there and Python's `sys.stderr` moves to a copy of the original, so rayfl's one line shows."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        if still_talking():
+            sys.stderr = os.fdopen(saved, "w", buffering=1)
+        else:
+            os.dup2(saved, 2)
+            os.close(saved)
