@@ -47,6 +47,9 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
     cmd = [
         "ray", "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dash}",
         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
+        # The agents' ports too: a cluster's agents linger about 60 s after it stops (the node drill's,
+        # just before), and an agent that cannot bind Ray's default port leaves the head without one.
+        *(f"--{flag}={free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")),
         f"--temp-dir={temp_dir}", f"--ray-client-server-port={client_port}",
     ]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
