@@ -22,8 +22,14 @@ from rayfl.loader import load_config
 
 
 def node_of(actor_name: str) -> str:
+    """The node an actor lives on, once it is alive (a restarting actor has no node yet)."""
     actor = ray.get_actor(actor_name, namespace="rayfl")
-    return state.actors(actor._actor_id.hex())["Address"]["NodeID"]
+    deadline = time.time() + 120
+    while True:
+        info = state.actors(actor._actor_id.hex())
+        if info.get("State") == "ALIVE" or time.time() > deadline:
+            return info["Address"]["NodeID"]
+        time.sleep(0.1)
 
 
 def main(run_dir: Path, rounds: int) -> None:
