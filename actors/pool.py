@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -195,16 +196,16 @@ class RayExecutor:
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round with every client's session pinned to one actor for the
-        round (round-robin in task order). An actor runs its calls in order; an error in a
-        session fails every session of the round. A dying actor is waited for and the round's
-        exchange run again from the driver's state at its start (`max_attempts` times; then
-        `PoolLost`)."""
+        round (round-robin in task order over the actors that answer). An actor runs its calls in
+        order; an error in a session fails every session of the round. When an actor dies, the
+        round's exchange runs again from the driver's state at its start, on the actors that
+        answer (`max_attempts` times; then `PoolLost`)."""
         if not tasks:
             return []
         refs = self.put_weights(tasks)
-        homes = [(self.actors[i % len(self.actors)], t.client_id) for i, t in enumerate(tasks)]
         start = copy.deepcopy(driver.__dict__)  # the driver as the round opened it
         for attempt in range(1, self.max_attempts + 1):
+            homes = [(actor, t.client_id) for actor, t in zip(itertools.cycle(self.answering()), tasks)]
             relay = ActorRelay(homes)
             relay.pending = [a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
             try:
@@ -218,9 +219,25 @@ class RayExecutor:
                 if attempt == self.max_attempts:
                     raise PoolLost(f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})") from None
                 self.report(f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running the round's exchange again")
-                self.wait_until_up(list(dict.fromkeys(a for a, _ in homes)))
                 driver.__dict__.update(copy.deepcopy(start))
         raise AssertionError("unreachable")
+
+    def answering(self) -> list[ray.actor.ActorHandle]:
+        """The actors not known to be down, after the down ones had half a second to answer a
+        probe (a session pinned to one Ray cannot place again would wait for ever); when none
+        answers, every actor once they all do (`wait_until_up`)."""
+        probes = {a.ready.remote(): a for a in self.actors if id(a) in self.down}
+        for ref in ray.wait(list(probes), num_returns=len(probes), timeout=0.5)[0] if probes else []:
+            try:
+                ray.get(ref)
+                self.down.discard(id(probes[ref]))
+            except RayActorError:
+                pass
+        up = [a for a in self.actors if id(a) not in self.down]
+        if not up:
+            self.wait_until_up(self.actors)
+            up = list(self.actors)
+        return up
 
 
 class ActorRelay:
@@ -308,9 +325,10 @@ class _Dispatch:
                 if kind == "group":
                     self.retry(k)
                 continue
-            except RayTaskError as exc:  # an error outside the client-outcome logic: the group's clients fail
+            except RayTaskError as exc:  # an error outside the client-outcome logic: a group's clients fail
                 self.idle.append(actor)
-                self.out[k] = self.ex.failed(self.groups[k], f"{type(exc.cause).__name__}: {exc.cause}")
+                if kind == "group":  # a pacing hold or a probe that raised leaves the outcomes as they are
+                    self.out[k] = self.ex.failed(self.groups[k], f"{type(exc.cause).__name__}: {exc.cause}")
                 continue
             self.ex.down.discard(id(actor))
             if kind == "group":
