@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import ray
 import torch
@@ -131,22 +131,3 @@ def create_client_actors(config: RunConfig, run_id: str, count: int) -> list[ray
         ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote(threads, ray_cfg.gpus_per_actor)
         for k in range(count)
     ]
-
-
-def release(actors: Sequence[ray.actor.ActorHandle], timeout_s: float = 10.0) -> None:
-    """Kill a run's actors and wait (at most `timeout_s`) until Ray has them dead, so that their
-    CPUs and GPUs are free when the call returns: `ray.kill` is asynchronous, and the next run
-    on this cluster (`num_actors: auto` counts the free ones) would find them still held. Read
-    from the GCS's actor table (`ray._private.state`, as `actors.pool.placed`)."""
-    from ray._private import state
-
-    for actor in actors:
-        ray.kill(actor)
-    deadline = time.monotonic() + timeout_s
-    alive = list(actors)
-    while alive and time.monotonic() < deadline:
-        try:
-            alive = [a for a in alive if state.actors(a._actor_id.hex()).get("State") != "DEAD"]
-        except Exception:  # noqa: BLE001 - an internal table: when it cannot say, stop waiting
-            return
-        time.sleep(0.02)

@@ -112,14 +112,10 @@ def run(
     except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
         raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
     finally:
-        if connected:  # our own cluster: it goes with its actors
-            for actor in actors:
-                ray.kill(actor)
+        for actor in actors:
+            ray.kill(actor)
+        if connected:
             ray.shutdown()
-        else:  # a cluster that outlives the run: its resources free for the next one when this returns
-            from actors.client import release
-
-            release(actors)
         phase("shutdown")
 
 
