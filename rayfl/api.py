@@ -227,8 +227,9 @@ def submit(config: RunConfig, address: str, out: str | None = None, verbose: boo
     )
 
 
-TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused")
-"""What a dashboard says while its head node is still coming up (its job agent not registered yet)."""
+TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused", "Starting Ray client server failed")
+"""What a dashboard says while its head node is still coming up (its job agent not registered
+yet), and what Ray Client says when its per-connection server did not start in time on a busy head."""
 
 
 def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
@@ -339,7 +340,7 @@ def packed_on_node(address: str, node_id: str, location: str, client_port: int) 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     host = urlparse(address).hostname
-    with ray.init(address=f"ray://{host}:{client_port}", logging_level=logging.ERROR):
+    with retried(lambda: ray.init(address=f"ray://{host}:{client_port}", logging_level=logging.ERROR), "connecting over Ray Client"):
         strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         return ray.get(ray.remote(num_cpus=0, scheduling_strategy=strategy)(pack).remote(location))
 
