@@ -7,7 +7,6 @@ it finished.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
@@ -16,12 +15,12 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from .config import ConfigError
-from .storage import write_atomic
+from .storage import naming, write_atomic
 
 METRICS_COLUMNS = (
     "round",
@@ -129,37 +128,28 @@ class TensorBoard:
         # overwrite it, so the name also carries the first round (ordering the files as the
         # rounds) and a random part.
         suffix = f".{first_round:06d}.{uuid.uuid4().hex[:8]}"
-        with self.naming(log_dir):
+        with naming(log_dir):
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.events = EventsWriter(str(Path(log_dir) / "events"), suffix)
         self.path = log_dir
-        self.write(Event(step=first_round, session_log=SessionLog(status=SessionLog.START)))
-        self.write(Event(step=first_round - 1, summary=text("config", f"```yaml\n{config_yaml}```")))
+        self.write(Event(step=first_round, session_log=SessionLog(status=SessionLog.START)), Event(step=first_round - 1, summary=text("config", f"```yaml\n{config_yaml}```")))
 
-    @staticmethod
-    @contextlib.contextmanager
-    def naming(path: str | Path) -> Iterator[None]:
-        """An `OSError` inside names `path` (the record writer's says only the cause)."""
-        try:
-            yield
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
-
-    def write(self, event: Any) -> None:
-        event.wall_time = time.time()
-        with self.naming(self.path):
-            self.events.write_event(event)
+    def write(self, *events: Any) -> None:
+        """The events appended, then flushed once."""
+        with naming(self.path):
+            for event in events:
+                event.wall_time = time.time()
+                self.events.write_event(event)
             self.events.flush()
 
     def add(self, row: Mapping[str, Any]) -> None:
         from tensorboardX.summary import scalar
 
-        for key, value in row.items():
-            if key != "round" and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-                self.write(self.event(step=row["round"], summary=scalar(key.replace("@", "/"), float(value))))
+        numbers_of = [(k, v) for k, v in row.items() if k != "round" and isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+        self.write(*(self.event(step=row["round"], summary=scalar(k.replace("@", "/"), float(v))) for k, v in numbers_of))
 
     def close(self) -> None:
-        with self.naming(self.path):
+        with naming(self.path):
             self.events.close()
 
 

@@ -51,16 +51,29 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     ...) the partial file is removed and the error names `path` itself."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}.tmp")  # two writers never share one
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data.encode() if isinstance(data, str) else data)
-            out.flush()
-            os.fsync(out.fileno())  # on disk before the rename makes it the file
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+    with naming(path):
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data.encode() if isinstance(data, str) else data)
+                out.flush()
+                os.fsync(out.fileno())  # on disk before the rename makes it the file
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """An `OSError` inside is raised again naming `path` with its cause (`[Errno 28] No space left
+    on device: 'PATH'`), whatever file the failing call named, if any."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
 
 
 def uri_exists(uri: str) -> bool:
