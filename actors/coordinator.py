@@ -171,17 +171,8 @@ def coordinator_options(config: RunConfig, run_id: str) -> dict[str, Any]:
     )
 
 
-def run_key(run_id: str) -> str:
-    """The run's name in its actors' names: `run_id`, with a short random suffix when a run of
-    that name is already live on the cluster (two RUN_DIRs `a/run` and `b/run`)."""
-    try:
-        ray.get_actor(actor_name(run_id, "client-0"), namespace=NAMESPACE)
-    except ValueError:
-        return run_id
-    return suffixed(run_id)
-
-
 def suffixed(run_id: str) -> str:
+    """The run's name in its actors' names when a live run already has `run_id`."""
     return f"{run_id}-{secrets.token_hex(2)}"
 
 
@@ -196,10 +187,10 @@ def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.ac
     node = fed.config.ray.coordinator_node
     if node not in ("head", "any") and node not in ray.cluster_resources():
         raise ConfigError(f"ray.coordinator_node: no node of the cluster has a resource {node!r}")
-    key = run_key(run_id)
+    key = run_id
     try:
         clients = create_client_actors(fed.config, key, num_actors)
-    except ray.exceptions.ActorAlreadyExistsError:  # a run of the same name started in the same instant
+    except ray.exceptions.ActorAlreadyExistsError:  # a run of that name is live on the cluster (RUN_DIRs a/run, b/run)
         key = suffixed(run_id)
         clients = create_client_actors(fed.config, key, num_actors)
     fed_ref = ray.put(fed)
