@@ -9,10 +9,13 @@ slice trains on CUDA with its memory capped to its fraction.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
+import random
 import time
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -21,13 +24,7 @@ from rayfl.algorithms.messages import ClientResult, ClientTask
 from rayfl.config import RunConfig
 from rayfl.types import Weights
 
-NAMESPACE = "rayfl"
-"""Named actors live here, so the dashboard, `ray list actors` and `ray.get_actor` find them."""
-
-
-def actor_name(run_id: str, role: str) -> str:
-    """`rayfl:<run_id>:coordinator` or `rayfl:<run_id>:client-<k>`."""
-    return f"rayfl:{run_id}:{role}"
+from actors.warm import NAMESPACE
 
 
 def torch_threads_for(cpus: float) -> int:
@@ -35,9 +32,24 @@ def torch_threads_for(cpus: float) -> int:
     return max(1, math.floor(cpus))
 
 
+def rng_states(device: str) -> tuple:
+    """The global RNGs' states (Python's, numpy's, torch's, and CUDA's on `device` cuda)."""
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all() if device == "cuda" else None
+
+
+def restore_rng_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
+
+
 @ray.remote
 class ClientActor:
-    """Runs client tasks for one federation; created with explicit `num_cpus` / `num_gpus`."""
+    """Runs client tasks for one federation at a time (the one whose reference its task carries);
+    created with explicit `num_cpus` / `num_gpus`. A pooled actor serves one run after another,
+    `reset` between them."""
 
     def __init__(self, threads: int, gpu_fraction: float):
         torch.set_num_threads(threads)
@@ -46,18 +58,29 @@ class ClientActor:
             device = "cuda"
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
         self.device = device
+        self.born = rng_states(device)
+        self.reset()
+
+    def reset(self) -> bool:
+        """Forget the run it served: its federation, runner, open sessions, and whatever its
+        code drew from the global RNGs (set back to a new process's), as if just started."""
+        self.hosted: str | None = None  # the hex of the federation's reference
         self.runner: Any = None
         self.policy: Any = None
         self.sessions: dict[int, Any] = {}
+        restore_rng_states(self.born)
+        gc.collect()
+        gc.freeze()  # what outlives a run (modules, caches) is not scanned again: the next reset takes milliseconds
+        return True
 
     def hosting(self, federation_box: list) -> Any:
-        """The `ClientRunner` of the federation in the box (read from the object store on the first
-        task, and again by an actor that restarted)."""
-        if self.runner is None:
+        """The `ClientRunner` of the federation in the box (read from the object store on the
+        run's first task, and again by an actor that restarted)."""
+        if self.hosted != federation_box[0].hex():
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy
+            self.runner, self.policy, self.hosted = ClientRunner.of(fed, self.device), fed.policy, federation_box[0].hex()
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:
@@ -113,21 +136,15 @@ class ClientActor:
         }
 
 
-def create_client_actors(config: RunConfig, run_id: str, count: int) -> list[ray.actor.ActorHandle]:
-    """`count` client actors named `rayfl:<run_id>:client-<k>`, restartable (a killed actor
-    comes back and the executor retries its task). Each reads the federation (dataset, partition,
-    client procedure) from the object store with its first task: no constructor argument lives
-    in the object store, which Ray cannot guarantee across restarts (ray-project/ray#53727)."""
+def create_client_actors(config: RunConfig, names: list[str], pooled: bool) -> list[ray.actor.ActorHandle]:
+    """Client actors under `names`, restartable (a killed actor comes back and the executor
+    retries its task); `pooled` ones detached and placed outside any placement group (a Tune
+    trial's), to outlive the run (`actors.warm`). Each reads the federation (dataset, partition,
+    client procedure) from the object store with its run's first task: no constructor argument
+    lives in the object store, which Ray cannot guarantee across restarts (ray-project/ray#53727)."""
     ray_cfg = config.ray
-    options = dict(
-        num_cpus=ray_cfg.cpus_per_actor,
-        num_gpus=ray_cfg.gpus_per_actor,
-        max_restarts=-1,
-        max_task_retries=0,
-        namespace=NAMESPACE,
-    )
+    options: dict[str, Any] = dict(num_cpus=ray_cfg.cpus_per_actor, num_gpus=ray_cfg.gpus_per_actor, max_restarts=-1, max_task_retries=0, namespace=NAMESPACE)
+    if pooled:
+        options.update(lifetime="detached", scheduling_strategy="DEFAULT")
     threads = torch_threads_for(ray_cfg.cpus_per_actor)
-    return [
-        ClientActor.options(name=actor_name(run_id, f"client-{k}"), **options).remote(threads, ray_cfg.gpus_per_actor)
-        for k in range(count)
-    ]
+    return [ClientActor.options(name=name, **options).remote(threads, ray_cfg.gpus_per_actor) for name in names]

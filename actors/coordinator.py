@@ -10,21 +10,23 @@ it dies anyway; the driver then runs it again from RUN_DIR's newest checkpoint (
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
-import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import ray
 from ray.exceptions import ActorUnavailableError
 from ray.util import metrics as ray_metrics
 
-from actors.client import NAMESPACE, actor_name, create_client_actors
-from actors.pool import RayExecutor, check_fits, pool_size
+from actors.client import restore_rng_states, rng_states
+from actors.pool import Abandoned, RayExecutor
+from actors.warm import NAMESPACE
 from rayfl import checkpoint
-from rayfl.config import ConfigError, RunConfig
+from rayfl.config import RunConfig
 from rayfl.engine import Federation, Progress, Start, run_federation, start_of, torch_threads
 
 
@@ -84,65 +86,82 @@ HEAD_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node only."""
 
 
+@dataclass(frozen=True)
+class Duty:
+    """What a coordinator host runs: the federation (boxed, so its reference stays unresolved),
+    the client actors, RUN_DIR and the run's key (its dashboard series' `run_id` tag)."""
+
+    federation_box: list
+    clients: list
+    run_dir: str
+    key: str
+
+
 @ray.remote(max_concurrency=3)
 class Coordinator:
-    """The round loop on Ray. Its constructor takes plain values only (Ray restarts it with them,
-    and warns of constructor arguments that are references or handles): the federation arrives
-    with each `warm` and `run` call, boxed so its reference stays unresolved, and the client
-    actors are found by name."""
+    """The round loop on Ray, for one run at a time. Its constructor takes nothing (Ray restarts
+    it with that, and a pooled host serves one run after another, `reset` between them): each
+    `warm` and `run` call brings its run's `Duty`."""
 
-    def __init__(self, run_dir: str, key: str, num_clients: int):
-        self.run_dir, self.key, self.num_clients = run_dir, key, num_clients
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = threading.Lock()  # one run at a time (a driver that lost touch asks again)
+        self.stop = threading.Event()
+        self.born = rng_states("cpu")
+        self._clear()
+
+    def _clear(self) -> None:
         self.fed: Federation | None = None
+        self.duty: Duty | None = None
+        self.executor: RayExecutor | None = None
         self.metrics: DashboardMetrics | None = None
         self._rows: list[dict[str, Any]] = []
         self._notes: list[str] = []
-        self._lock = threading.Lock()
-        self._running = threading.Lock()  # one run at a time (a driver that lost touch asks again)
 
-    def _attach(self, federation_box: list) -> Federation:
-        """The federation and the pool of client actors, once. Holding the reference keeps the
+    def _attach(self, duty: Duty) -> Federation:
+        """The federation and its client actors, once per run. Holding the reference keeps the
         federation (and its dataset) in the object store for as long as the run, which a
         restarting client needs."""
         with self._lock:
             if self.fed is None:
-                self.federation_ref = federation_box[0]
-                fed = ray.get(self.federation_ref)
-                clients = [ray.get_actor(actor_name(self.key, f"client-{k}"), namespace=NAMESPACE) for k in range(self.num_clients)]
+                fed = ray.get(duty.federation_box[0])
                 cfg = fed.config
                 self.executor = RayExecutor(
-                    clients, self.federation_ref, fed.policy, timeout_s=cfg.ray.actor_timeout_s, max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note
+                    duty.clients, duty.federation_box[0], fed.policy, timeout_s=cfg.ray.actor_timeout_s,
+                    max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note, stop=self.stop,
                 )
-                self.fed = fed
+                self.fed, self.duty = fed, duty
         return self.fed
 
-    def warm(self, federation_box: list) -> None:
+    def warm(self, duty: Duty) -> None:
         """While the client actors warm up: the libraries the round loop writes tables with, the
         global model's measured cost and an evaluation of it (first-call set-up)."""
         import pyarrow.parquet  # noqa: F401  (what `Recorder` writes with)
 
         from rayfl import metrics  # noqa: F401
 
-        fed = self._attach(federation_box)
+        fed = self._attach(duty)
         with torch_threads():
             fed.cost_of(fed.policy.global_model())
             fed.evaluator(fed.initial_weights(), fed.policy.global_model())
 
-    def run(self, federation_box: list, start: Start | None) -> dict[str, Any]:
+    def run(self, duty: Duty, start: Start | None) -> dict[str, Any]:
         """The rounds from `start`; None (a coordinator Ray restarted): from RUN_DIR's newest
         checkpoint, or from round 0 where none was written."""
-        fed = self._attach(federation_box)
+        fed = self._attach(duty)
         with self._running:
             if start is None:
-                start = start_of(fed, self.run_dir, resume=checkpoint.exists(self.run_dir))
+                start = start_of(fed, duty.run_dir, resume=checkpoint.exists(duty.run_dir))
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
             elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-            self.metrics = DashboardMetrics(self.key, fed.config.algorithm.name, elapsed)  # the key: two runs' series never mix
+            self.metrics = DashboardMetrics(duty.key, fed.config.algorithm.name, elapsed)  # the key: two runs' series never mix
             with torch_threads():
-                return run_federation(fed, self.executor, self.run_dir, start, self._on_round)
+                return run_federation(fed, self.executor, duty.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
+        if self.stop.is_set():
+            raise Abandoned(f"the run stopped after round {row['round']}: its driver is gone")
         self.metrics.record(row, self.executor.alive())
         with self._lock:
             self._rows.append(dict(row))
@@ -158,54 +177,43 @@ class Coordinator:
             notes, self._notes = self._notes, []
         return rows, notes
 
+    def abandon(self) -> None:
+        """Stop the run in progress at its next wait for clients or round end (`Abandoned`)."""
+        self.stop.set()
 
-def coordinator_options(config: RunConfig, run_id: str) -> dict[str, Any]:
+    def reset(self) -> bool:
+        """Stop the run in progress, if any, and once it ended forget it (federation, executor,
+        rows, the global RNGs' draws) as if just started; returns True."""
+        self.stop.set()
+        with self._running, self._lock:
+            self._clear()
+            restore_rng_states(self.born)
+            self.stop.clear()
+        gc.collect()
+        gc.freeze()  # what outlives a run (modules, caches) is not scanned again: the next reset takes milliseconds
+        return True
+
+
+def coordinator_options(config: RunConfig, name: str, pooled: bool) -> dict[str, Any]:
     """Where the coordinator runs (`ray.coordinator_node`: the head node by default, where losing
-    it is least likely) and how often Ray restarts it (`ray.coordinator_restarts`). Inside a
-    placement group (a Tune trial's) the group places it: its bundles hold no node resource."""
+    it is least likely) and how often Ray restarts it (`ray.coordinator_restarts`). A run's own
+    coordinator inside a placement group (a Tune trial's) is placed by the group: its bundles
+    hold no node resource; a pooled one is detached and placed outside any group."""
     node = config.ray.coordinator_node
-    placed_by_group = ray.util.get_current_placement_group() is not None
+    placed_by_group = not pooled and ray.util.get_current_placement_group() is not None
     resources = {} if node == "any" or placed_by_group else {HEAD_RESOURCE if node == "head" else node: 0.001}
-    return dict(
-        name=actor_name(run_id, "coordinator"), namespace=NAMESPACE, num_cpus=0, resources=resources, max_restarts=config.ray.coordinator_restarts, max_task_retries=0
-    )
+    where = dict(lifetime="detached", scheduling_strategy="DEFAULT") if pooled else {}
+    return dict(name=name, namespace=NAMESPACE, num_cpus=0, resources=resources, max_restarts=config.ray.coordinator_restarts, max_task_retries=0, **where)
 
 
-def suffixed(run_id: str) -> str:
-    """The run's name in its actors' names when a live run already has `run_id`."""
-    return f"{run_id}-{secrets.token_hex(2)}"
-
-
-def start_federation(fed: Federation, run_dir: str, run_id: str) -> tuple[ray.actor.ActorHandle, list[ray.actor.ActorHandle], ray.ObjectRef]:
-    """Put the built federation in the object store once, start the client actors (as many as
-    the free resources hold under `num_actors: auto`; `ConfigError` when the asked number can
-    never fit the cluster, or `ray.coordinator_node` names a resource no node has) and
-    `rayfl:<run>:coordinator`, all at once; returns them and the federation's reference (for
-    warming the actors)."""
-    num_actors = pool_size(fed.config, ray.available_resources())
-    check_fits(fed.config, num_actors, ray.cluster_resources(), ray._private.state.state.get_max_resources_from_cluster_config())
-    node = fed.config.ray.coordinator_node
-    if node not in ("head", "any") and node not in ray.cluster_resources():
-        raise ConfigError(f"ray.coordinator_node: no node of the cluster has a resource {node!r}")
-    key = run_id
-    try:
-        clients = create_client_actors(fed.config, key, num_actors)
-    except ray.exceptions.ActorAlreadyExistsError:  # a run of that name is live on the cluster (RUN_DIRs a/run, b/run)
-        key = suffixed(run_id)
-        clients = create_client_actors(fed.config, key, num_actors)
-    fed_ref = ray.put(fed)
-    coordinator = Coordinator.options(**coordinator_options(fed.config, key)).remote(run_dir, key, len(clients))
-    return coordinator, clients, fed_ref
-
-
-def follow(coordinator: Any, federation_box: list, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
     """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
     notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
     died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
     and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
     last, begin = start.state.round, start
     while True:
-        done = coordinator.run.remote(federation_box, begin)
+        done = coordinator.run.remote(duty, begin)
         try:
             finished = False
             while not finished:

@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import threading
 import time
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
@@ -118,6 +119,10 @@ class PoolLost(RuntimeError):
     a round kept losing more than `federation.max_failed_fraction` of its clients to dying actors."""
 
 
+class Abandoned(RuntimeError):
+    """The run was told to stop (`Coordinator.abandon`: its driver is gone)."""
+
+
 class RayExecutor:
     """Dispatches a round's groups of clients over client actors, first idle actor first.
 
@@ -140,6 +145,7 @@ class RayExecutor:
         timeout_s: float = 600.0,
         max_failed_fraction: float = 0.5,
         report: Callable[[str], None] = log.warning,
+        stop: threading.Event | None = None,
     ):
         self.actors = list(actors)
         self.box = [federation_ref]  # boxed: each actor resolves it itself, once
@@ -148,6 +154,7 @@ class RayExecutor:
         self.timeout_s = timeout_s
         self.max_failed_fraction = max_failed_fraction
         self.report = report
+        self.stop = stop  # set: the next wait for clients raises `Abandoned`
         self.down: set[int] = set()  # ids of the actors whose last call died and that have not answered since
         self.turn = 0  # where the next submission starts among the actors
 
@@ -309,6 +316,8 @@ class _Dispatch:
 
     def gather(self) -> list[GroupOutcome]:
         while self.busy() or self.run_lost_again():
+            if self.ex.stop is not None and self.ex.stop.is_set():
+                raise Abandoned(f"round {self.groups[0][0].round}: the run was abandoned")
             self.feed()
             self.starving()
             wait_s = min([5.0, *(max(0.0, due - time.monotonic()) for due, _ in self.probes)])

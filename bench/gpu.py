@@ -54,7 +54,7 @@ def placement() -> None:
     from actors.client import create_client_actors
     from rayfl.loader import load_config
 
-    actors = create_client_actors(load_config(None, ["ray.gpus_per_actor=0.125", "ray.num_actors=8"]), "gpu-bench", 8)
+    actors = create_client_actors(load_config(None, ["ray.gpus_per_actor=0.125", "ray.num_actors=8"]), [f"gpu-bench-{k}" for k in range(8)], pooled=False)
     infos = ray.get([a.info.remote() for a in actors])
     for a in actors:
         ray.kill(a)

@@ -50,7 +50,7 @@ def main() -> None:
         timings["in one process"] = timed(InProcessExecutor(fed))
         ray.init(address="local", num_cpus=args.actors, include_dashboard=False, log_to_driver=False)
         try:
-            actors = create_client_actors(fed.config, "bench", args.actors)
+            actors = create_client_actors(fed.config, [f"bench-{k}" for k in range(args.actors)], pooled=False)
             ray.get([a.info.remote() for a in actors])
             timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed), fed.policy))
         finally:

@@ -86,23 +86,25 @@ def run(
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
-    from actors.coordinator import follow, start_federation
+    from actors.coordinator import Duty, follow
+    from actors.crew import gather, release
     from actors.pool import wait_for_actors
 
     address = address or config.ray.address
-    if not (ray.is_initialized() or address or os.environ.get("RAY_ADDRESS")):
+    running = ray.is_initialized() or bool(address or os.environ.get("RAY_ADDRESS"))
+    if not running:
         check_fits_here(config)
     connected = connect(address, config.ray.dashboard)
     phase("ray_start")
-    actors: list = []
+    crew = None
     try:
-        coordinator, clients, fed_ref = start_federation(fed, str(run_dir), run_id)
-        actors = [coordinator, *clients]
-        coordinator_ready = coordinator.warm.remote([fed_ref])
-        wait_for_actors(clients, config.ray.actor_timeout_s, log.info, federation_ref=fed_ref)
+        crew = gather(config, run_id, pooled=running and config.ray.pool_idle_s > 0)
+        duty = Duty([ray.put(fed)], crew.clients, str(run_dir), crew.key)
+        coordinator_ready = crew.coordinator.warm.remote(duty)
+        wait_for_actors(crew.clients, config.ray.actor_timeout_s, log.info, federation_ref=duty.federation_box[0])
         ray.get(coordinator_ready)
         phase("actors")
-        summary = follow(coordinator, [fed_ref], start, progress, config.ray.actor_timeout_s)
+        summary = follow(crew.coordinator, duty, start, progress, config.ray.actor_timeout_s)
         phase("rounds")
         return summary
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
@@ -112,8 +114,8 @@ def run(
     except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
         raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        if crew is not None:
+            release(crew, config.ray.actor_timeout_s)
         if connected:
             ray.shutdown()
         phase("shutdown")

@@ -343,6 +343,9 @@ class RayConfig(Strict):
     actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed, or none answers, within this")
     coordinator_node: str = Field("head", min_length=1, description="where the coordinator runs: head (the head node), any, or the name of a custom resource the chosen nodes have")
     coordinator_restarts: int = Field(3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)")
+    pool_idle_s: float = Field(
+        300.0, ge=0, description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: they leave with the run (docs/ray.md)"
+    )
     vectorize: int = Field(1, ge=1, description="train this many of a call's clients together in one batched computation (torch.func.vmap)")
     clients_per_call: int = Field(
         5, ge=1, description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner"

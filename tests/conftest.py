@@ -28,3 +28,20 @@ def ray_cluster():
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def idle_cluster(ray_cluster):
+    """The session's cluster with the warm pool drained and every CPU and GPU free again (for
+    tests that place actors of their own)."""
+    import time
+
+    from actors import warm
+
+    keeper = warm.keeper(create=False)
+    if keeper is not None:
+        ray_cluster.get(keeper.drain.remote())
+    deadline = time.time() + 60
+    while time.time() < deadline and any(ray_cluster.available_resources().get(k, 0) < v for k, v in ray_cluster.cluster_resources().items() if k in ("CPU", "GPU")):
+        time.sleep(0.05)
+    return ray_cluster

@@ -23,3 +23,22 @@ def once_written(path: Path, action: Callable[[], None], timeout_s: float = 120)
 
 def checkpoint_of(run_dir: Path, round: int) -> Path:
     return run_dir / "checkpoints" / f"round_{round:05d}.pt"
+
+
+def actors_of(run_id: str, role: str) -> list:
+    """The live run's actors in `role` (`coordinator`, `client`): its own, named after it, or
+    those it borrowed from the warm pool (`actors.warm`)."""
+    import ray
+
+    from actors import warm
+
+    own = [n["name"] for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith(f"rayfl:{run_id}:{role}")]
+    keeper = warm.keeper(create=False)
+    leases = [] if keeper is None else ray.get(keeper.status.remote())["leased"]
+    borrowed = [name for held in leases if held["run"] == run_id for name in held["actors"] if name.rsplit(":", 1)[-1].startswith(role)]
+    return [ray.get_actor(name, namespace="rayfl") for name in own + borrowed]
+
+
+def holds_nothing(run_id: str) -> bool:
+    """The run left no actor of its own and no lease in the pool."""
+    return not actors_of(run_id, "coordinator") and not actors_of(run_id, "client")

@@ -19,11 +19,11 @@ from ray.cluster_utils import Cluster
 
 from rayfl import api
 from rayfl.loader import load_config
+from tests.actors.drills import actors_of
 
 
-def node_of(actor_name: str) -> str:
+def node_of(actor) -> str:
     """The node an actor lives on, once it is alive (a restarting actor has no node yet)."""
-    actor = ray.get_actor(actor_name, namespace="rayfl")
     deadline = time.time() + 120
     while True:
         info = state.actors(actor._actor_id.hex())
@@ -50,11 +50,11 @@ def main(run_dir: Path, rounds: int) -> None:
         killed.append(name)
 
     def coordinator_node():
-        where = node_of(f"rayfl:{run_dir.name}:coordinator")
+        where = node_of(actors_of(run_dir.name, "coordinator")[0])
         return next((n, w) for n, w in workers.items() if w.node_id == where)
 
     def client_node():
-        hosts = {node_of(f"rayfl:{run_dir.name}:client-{k}") for k in range(2)} - {node_of(f"rayfl:{run_dir.name}:coordinator")}
+        hosts = {node_of(a) for a in actors_of(run_dir.name, "client")} - {node_of(actors_of(run_dir.name, "coordinator")[0])}
         return next((n, w) for n, w in workers.items() if w.node_id in hosts and n not in killed)
 
     def drill() -> None:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from actors.pool import PoolLost, RayExecutor
-from tests.actors.drills import checkpoint_of, once_written
+from tests.actors.drills import actors_of, checkpoint_of, once_written
 from rayfl import api
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
@@ -39,10 +39,6 @@ def assert_same_rounds(metrics, reference):
     assert metrics["virtual_time_s"].tolist() == pytest.approx(reference["virtual_time_s"].tolist())
 
 
-def client_actors(ray, run_id):
-    return [ray.get_actor(n["name"], namespace="rayfl") for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith(f"rayfl:{run_id}:client-")]
-
-
 def test_chaos_random_client_kills_end_equal_to_the_undisturbed_run(ray_cluster, tmp_path):
     cfg = load_config(None, ["federation.rounds=20", *SLOW])
     reference = undisturbed(cfg, tmp_path / "reference")
@@ -52,7 +48,7 @@ def test_chaos_random_client_kills_end_equal_to_the_undisturbed_run(ray_cluster,
     def chaos():  # 6 kills, one every 0.7 s from round 2 on, of a random client actor (Ray restarts it)
         pick = random.Random(0)
         while len(kills) < 6:
-            ray_cluster.kill(pick.choice(client_actors(ray_cluster, run_dir.name)), no_restart=False)
+            ray_cluster.kill(pick.choice(actors_of(run_dir.name, "client")), no_restart=False)
             kills.append(time.time())
             time.sleep(0.7)
 
@@ -70,7 +66,7 @@ def test_a_pool_whose_actors_stay_dead_ends_the_run_with_the_resume_hint(ray_clu
     run_dir = tmp_path / "dead"
 
     def kill_for_good():
-        for actor in client_actors(ray_cluster, run_dir.name):
+        for actor in actors_of(run_dir.name, "client"):
             ray_cluster.kill(actor)  # no restart
 
     killer = once_written(checkpoint_of(run_dir, 2), kill_for_good)
@@ -91,7 +87,7 @@ def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_ru
     run_dir = tmp_path / "run"
 
     def kill_the_coordinator():
-        ray_cluster.kill(ray_cluster.get_actor(f"rayfl:{run_dir.name}:coordinator", namespace="rayfl"), no_restart=False)
+        ray_cluster.kill(actors_of(run_dir.name, "coordinator")[0], no_restart=False)
 
     killer = once_written(checkpoint_of(run_dir, 3), kill_the_coordinator)
     rows = []
@@ -115,7 +111,7 @@ def test_a_split_round_whose_actor_dies_runs_its_exchange_again_and_equals_the_u
     notes = []
 
     def kill_a_client():
-        ray_cluster.kill(client_actors(ray_cluster, run_dir.name)[0], no_restart=False)
+        ray_cluster.kill(actors_of(run_dir.name, "client")[0], no_restart=False)
 
     killer = once_written(checkpoint_of(run_dir, 1), kill_a_client)
     with caplog_of(notes):
@@ -233,9 +229,9 @@ def test_two_live_runs_whose_run_dirs_share_a_name_share_a_cluster(ray_cluster, 
     started = threading.Thread(target=lambda: summaries.update(a=api.run(cfg, first)))
     started.start()
     deadline = time.time() + 60
-    while not client_actors(ray_cluster, "run") and time.time() < deadline:
+    while not actors_of("run", "client") and time.time() < deadline:
         time.sleep(0.05)
-    assert client_actors(ray_cluster, "run")  # a's actors are live under the name `run`
+    assert actors_of("run", "client")  # a's actors are live under the name `run`
     summaries["b"] = api.run(cfg, second)  # b's take `run-<hex>`
     started.join()
     assert summaries["a"]["rounds"] == summaries["b"]["rounds"] == 4

@@ -29,10 +29,10 @@ def test_no_room_is_a_clear_error():
         pool_size(load_config(None, ["ray.gpus_per_actor=0.5"]), {"CPU": 2.0})
 
 
-def test_eight_quarter_gpu_actors_run_on_two_gpus_and_a_ninth_waits(ray_cluster):
-    ray = ray_cluster
+def test_eight_quarter_gpu_actors_run_on_two_gpus_and_a_ninth_waits(idle_cluster):
+    ray = idle_cluster
     cfg = load_config(None, ["ray.cpus_per_actor=0.1", "ray.gpus_per_actor=0.25"])
-    actors = create_client_actors(cfg, "placement-test", 9)
+    actors = create_client_actors(cfg, [f"placement-test-{k}" for k in range(9)], pooled=False)
     try:
         refs = [a.info.remote() for a in actors]
         ready, pending = ray.wait(refs, num_returns=8, timeout=120)

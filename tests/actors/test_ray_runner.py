@@ -8,7 +8,7 @@ import pytest
 from rayfl import api
 from rayfl.loader import load_config
 from rayfl.runner import run_local
-from tests.actors.drills import checkpoint_of, once_written
+from tests.actors.drills import actors_of, checkpoint_of, holds_nothing, once_written
 from tests.test_dropouts import DEVICES
 
 pytestmark = pytest.mark.ray
@@ -36,7 +36,7 @@ def test_ray_metrics_equal_the_in_process_runner(ray_cluster, reference, tmp_pat
     pd.testing.assert_frame_equal(ray_metrics, metrics)
     pd.testing.assert_frame_equal(ray_clients, clients)
     assert summary["final_test_accuracy"] == metrics["test_accuracy"].iloc[-1]
-    assert not ray_cluster.util.list_named_actors(all_namespaces=True)  # the run cleaned up its actors
+    assert holds_nothing(tmp_path.name)  # the run handed back its actors
 
 
 def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
@@ -45,11 +45,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     reference = tmp_path / "reference"
     run_local(cfg.model_copy(update={"clock": "virtual"}), reference)
     run_dir = tmp_path / "ray"
-    victim = f"rayfl:{run_dir.name}:client-0"
     killed = []
 
     def kill_a_client():
-        ray_cluster.kill(ray_cluster.get_actor(victim, namespace="rayfl"), no_restart=False)
+        ray_cluster.kill(actors_of(run_dir.name, "client")[0], no_restart=False)
         killed.append(time.time())
 
     killer = once_written(run_dir / "metrics.parquet", kill_a_client)
@@ -140,7 +139,8 @@ def test_actors_that_never_fit_exit_2_at_once(tmp_path):
     assert time.time() - start < 60 and not (tmp_path / "run").exists()
 
 
-def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
+def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
+    ray_cluster = idle_cluster
     from actors.client import create_client_actors
     from actors.pool import check_fits, placed, wait_for_actors
     from rayfl.config import ConfigError
@@ -150,7 +150,7 @@ def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
     check_fits(cfg, 3, {"CPU": 2.0}, {"CPU": 4})
     with pytest.raises(ConfigError, match=r"^ray.num_actors: 5 client actors x 1 CPU need 5 CPU; the cluster has 4 even at its largest"):
         check_fits(cfg, 5, {"CPU": 2.0}, {"CPU": 4})
-    actors = create_client_actors(cfg, "pending-test", 3)  # 3 CPUs on a 2-CPU cluster
+    actors = create_client_actors(cfg, [f"pending-test-{k}" for k in range(3)], pooled=False)  # 3 CPUs on a 2-CPU cluster
     notes = []
     try:
         up, _ = ray_cluster.wait([a.info.remote() for a in actors], num_returns=2, timeout=120)
@@ -164,7 +164,8 @@ def test_pending_actors_are_reported_until_the_timeout(ray_cluster):
     assert sorted(placed(a) for a in actors) == [False, True, True]
 
 
-def test_actors_that_are_placed_but_still_starting_are_not_reported(ray_cluster):
+def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster):
+    ray_cluster = idle_cluster
     from actors.pool import wait_for_actors
 
     @ray_cluster.remote(num_cpus=1)
@@ -190,7 +191,7 @@ def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_
     run_dir = tmp_path / "run"
 
     def kill_the_coordinator():  # for good
-        ray_cluster.kill(ray_cluster.get_actor(f"rayfl:{run_dir.name}:coordinator", namespace="rayfl"))
+        ray_cluster.kill(actors_of(run_dir.name, "coordinator")[0])
 
     killer = once_written(checkpoint_of(run_dir, 2), kill_the_coordinator)
     with pytest.raises(api.RunFailed) as failed:
@@ -199,7 +200,7 @@ def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_
     message = str(failed.value)
     assert "\n" not in message and message.startswith("the coordinator actor died")
     assert message.endswith(f"continue it with: rayfl run --resume {run_dir}")
-    assert not ray_cluster.util.list_named_actors(all_namespaces=True)  # the clients went with it
+    assert holds_nothing(run_dir.name)  # the clients were handed back
     summary = api.run(load_config(run_dir / "config.yaml"), run_dir, resume=True)
     assert summary["rounds"] == 6
 
