@@ -24,7 +24,7 @@ from ray.util import metrics as ray_metrics
 
 from actors.client import restore_rng_states, rng_states
 from actors.pool import Abandoned, RayExecutor
-from actors.warm import NAMESPACE
+from actors.warm import HEAD_RESOURCE, NAMESPACE
 from rayfl import checkpoint
 from rayfl.config import RunConfig
 from rayfl.engine import Federation, Progress, Start, run_federation, start_of, torch_threads
@@ -82,8 +82,6 @@ class DashboardMetrics:
 
 log = logging.getLogger("rayfl")
 
-HEAD_RESOURCE = "node:__internal_head__"
-"""The resource Ray gives the head node only."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ import ray
 NAMESPACE = "rayfl"
 """Named actors live here, so the dashboard, `ray list actors` and `ray.get_actor` find them."""
 KEEPER = "rayfl:pool"
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node only."""
 REAP_EVERY_S = 1.0
 
 
@@ -239,7 +241,24 @@ def keeper(create: bool = True) -> Any:
         if not create:
             return None
     try:  # on the head node, which lives as long as the cluster; restarted (empty) if its process dies
-        head = {"node:__internal_head__": 0.001}
-        return Keeper.options(name=KEEPER, namespace=NAMESPACE, lifetime="detached", scheduling_strategy="DEFAULT", resources=head, max_restarts=-1, get_if_exists=True).remote()
+        return Keeper.options(name=KEEPER, namespace=NAMESPACE, lifetime="detached", scheduling_strategy="DEFAULT", resources={HEAD_RESOURCE: 0.001}, max_restarts=-1, get_if_exists=True).remote()
     except ValueError:  # started by another run meanwhile
         return ray.get_actor(KEEPER, namespace=NAMESPACE)
+
+
+def pool_command(action: str) -> str:
+    """`rayfl pool status` (what is idle, what is leased) or `rayfl pool drain` (idle actors sent
+    away), on the cluster this process joined; the lines to print."""
+    keep = keeper(create=False)
+    if keep is None:
+        return "no warm pool on this cluster (no run has borrowed from it)"
+    if action == "drain":
+        gone, leased = ray.get(keep.drain.remote())
+        return f"{gone} idle actors sent away; {leased} leased to runs still going"
+    status = ray.get(keep.status.remote())
+    lines = [f"{len(status['idle'])} idle, {sum(len(held['actors']) for held in status['leased'])} leased"]
+    for e in status["idle"]:
+        lines.append(f"  idle    {e['name']}  {e['kind']}  idle {e['idle_s']:.0f} s, leaves in {e['leaves_in_s']:.0f} s")
+    for held in status["leased"]:
+        lines += [f"  leased  {name}  run {held['run']} ({held['borrower']})" for name in held["actors"]]
+    return "\n".join(lines)

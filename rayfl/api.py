@@ -39,19 +39,28 @@ from .loader import PATHS
 log = logging.getLogger("rayfl")
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the local head `rayfl
+    up` keeps (`actors.head`); None: none (a run starts a local cluster of its own)."""
+    from actors.head import kept_address
+
+    return address or os.environ.get("RAY_ADDRESS") or kept_address()
+
+
 def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
-    """Join `address` (or $RAY_ADDRESS), else start a local cluster sized to the machine, with the
-    dashboard on 127.0.0.1 if asked; Ray's log lines and the workers' output only when `verbose`.
-    Returns whether this call connected (and should disconnect)."""
+    """Join the running cluster (`cluster_address`), else start a local cluster sized to the
+    machine, with the dashboard on 127.0.0.1 if asked; Ray's log lines and the workers' output
+    only when `verbose`. Returns whether this call connected (and should disconnect)."""
     import ray
 
     if ray.is_initialized():
         return False
     quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl speaks in its own lines
-    if address or os.environ.get("RAY_ADDRESS"):
+    address = cluster_address(address)
+    if address:
         from actors.address import probe
 
-        probe(address or os.environ["RAY_ADDRESS"])
+        probe(address)
         ray.init(address=address, **quiet)
     else:
         ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
@@ -83,6 +92,8 @@ def run(
     run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
+    address = cluster_address(address or config.ray.address)  # before Ray's import: joining a kept head sets its auth mode
+
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
@@ -90,8 +101,7 @@ def run(
     from actors.crew import gather, release
     from actors.pool import wait_for_actors
 
-    address = address or config.ray.address
-    running = ray.is_initialized() or bool(address or os.environ.get("RAY_ADDRESS"))
+    running = ray.is_initialized() or bool(address)
     if not running:
         check_fits_here(config)
     connected = connect(address, config.ray.dashboard)

@@ -1,4 +1,4 @@
-"""Command line: `rayfl run | tune | list | compare | submit` (console script `rayfl`, also `python -m rayfl`).
+"""Command line: `rayfl run | tune | list | compare | submit | fetch | up | down | pool` (console script `rayfl`, also `python -m rayfl`).
 
 Exit codes: 0 on success, 2 on bad input (one line on stderr naming the field or file),
 1 on a failure during the run. No traceback unless `--debug`.
@@ -216,6 +216,27 @@ def cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """`rayfl up | down | pool` (actors/head.py, actors/warm.py)."""
+    from actors import head
+
+    if args.command == "up":
+        record = head.up(args.num_cpus, args.num_gpus, args.dashboard)
+        print(f"rayfl: a local Ray head is up at {record['address']}{', dashboard ' + record['dashboard'] if record['dashboard'] else ''}; rayfl run and tune join it (warm actors) until: rayfl down")
+    elif args.command == "down":
+        print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")
+    else:
+        from . import api
+
+        if not api.cluster_address(args.address):
+            raise ConfigError("rayfl pool: no running cluster: give --address HOST:PORT, set RAY_ADDRESS, or start one with rayfl up")
+        api.connect(args.address, dashboard=False)
+        from actors.warm import pool_command
+
+        print(pool_command(args.action))
+    return 0
+
+
 class Parser(argparse.ArgumentParser):
     """Whole option names only (an abbreviation such as ``--config`` must not silently mean the hidden
     ``--config-env``), and a usage error is one line, exit 2, like every other bad input."""
@@ -248,6 +269,20 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     fetch.set_defaults(func=cmd_fetch)
 
 
+def add_cluster(sub: argparse._SubParsersAction) -> None:
+    """`rayfl up`, `rayfl down` and `rayfl pool status | drain` (docs/ray.md, "Warm clusters")."""
+    up = sub.add_parser("up", help="start a local Ray head kept between runs (their actors stay warm)")
+    up.add_argument("--num-cpus", type=int, help="CPUs it offers (default: this machine's)")
+    up.add_argument("--num-gpus", type=int, help="GPUs it offers (default: those Ray finds)")
+    up.add_argument("--dashboard", action="store_true", help="with the dashboard on 127.0.0.1")
+    sub.add_parser("down", help="stop the local head rayfl up started").set_defaults(func=cmd_cluster)
+    up.set_defaults(func=cmd_cluster)
+    pool = sub.add_parser("pool", help="the cluster's warm actors: status, or drain the idle ones")
+    pool.add_argument("action", choices=["status", "drain"])
+    pool.add_argument("--address", help="the cluster (default: $RAY_ADDRESS, else the head rayfl up keeps)")
+    pool.set_defaults(func=cmd_cluster)
+
+
 def add_traces(sub: argparse._SubParsersAction) -> None:
     """`rayfl traces generate | import-fedscale`."""
     traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
@@ -276,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument("--out", help="RUN_DIR: a folder or a URI (s3://, gs://, file://; default runs/<time>-<algorithm>-<dataset>, in a Ray job ~/rayfl/runs/<job id>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)")
-    run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)")
     run.add_argument("--local", action="store_true", help="run in this process without Ray (the reference runner)")
     run.add_argument("--config-env", help=argparse.SUPPRESS)
     run.add_argument("--progress", choices=["bar", "lines"], default="bar", help=argparse.SUPPRESS)
@@ -288,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("tune", metavar="TUNE", help="TUNE.yaml: a base run config, a search section, metric, scheduler")
     tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config")
     tune.add_argument("--resume", action="store_true", help="restore the interrupted experiment and finish it")
-    tune.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else start a local one)")
+    tune.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)")
     tune.add_argument("--verbose", action="store_true", help="Tune's status tables and Ray's log lines (default: a bar of trials and the final table)")
     tune.set_defaults(func=cmd_tune)
 
@@ -309,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.set_defaults(func=cmd_timeline)
 
     add_traces(sub)
+    add_cluster(sub)
     return parser
 
 

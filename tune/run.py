@@ -1,11 +1,16 @@
 """Ray Tune over federations: one trial = one federation on Ray, reported every evaluated round.
 
-A trial runs `rayfl.api.run` (the coordinator actor and its client actors, as `rayfl run` does)
-inside the trial's placement group: one bundle for the coordinator (`coordinator_cpus`, 0 by
-default, like `rayfl run`) and one bundle per client actor, sized exactly to
-`ray.cpus_per_actor` / `ray.gpus_per_actor` (`ray.num_actors: auto` means 1 actor in a trial).
-Tune captures every actor the trial creates into its group, so concurrent trials never take each
-other's clients and a trial starts only when all its bundles fit.
+A trial runs `rayfl.api.run` (the coordinator actor and its client actors, as `rayfl run` does;
+`ray.num_actors: auto` means 1 actor in a trial). By default (`ray.pool_idle_s` > 0) the trials
+borrow warm actors from the cluster's pool (`actors.warm`) and hand them back for the next
+trial, and Tune reuses each trial's own process (`reuse_actors`): a trial's placement group is
+one bundle on the head node for the trial's driver (`coordinator_cpus` CPUs, 0 by default), and
+`max_concurrent_trials` is cut to the trials whose client actors fit the cluster at once, so
+a trial never waits for another's actors. With `ray.pool_idle_s: 0` each trial starts its own
+actors inside its placement group: one bundle for the coordinator and one per client actor,
+sized exactly to `ray.cpus_per_actor` / `ray.gpus_per_actor`; Tune captures every actor the
+trial creates into its group, so concurrent trials never take each other's clients and a trial
+starts only when all its bundles fit.
 
 Each trial keeps its RUN_DIR at `<experiment>/<trial_id>/run` (config.yaml, metrics.parquet,
 clients.parquet, checkpoints/). A restored experiment (`--resume`, Tune's `Tuner.restore`)
@@ -29,6 +34,7 @@ import pandas as pd
 import yaml
 from ray import tune
 
+from actors.warm import HEAD_RESOURCE
 from rayfl import api, checkpoint
 from rayfl.config import ConfigError, RunConfig, to_dict
 from rayfl.metrics import read_metrics
@@ -56,12 +62,30 @@ def num_actors(config: RunConfig) -> int:
     return 1 if config.ray.num_actors == "auto" else config.ray.num_actors
 
 
-def bundles(config: RunConfig, coordinator_cpus: float) -> list[dict[str, float]]:
-    """The trial's placement group: the coordinator's bundle, then one per client actor."""
+def per_actor(config: RunConfig) -> dict[str, float]:
     client = {"CPU": config.ray.cpus_per_actor}
     if config.ray.gpus_per_actor > 0:
         client["GPU"] = config.ray.gpus_per_actor
-    return [{"CPU": coordinator_cpus}] + [dict(client) for _ in range(num_actors(config))]
+    return client
+
+
+def bundles(config: RunConfig, coordinator_cpus: float) -> list[dict[str, float]]:
+    """The trial's placement group: the coordinator's bundle, then one per client actor; with
+    pooled actors (outside any group) only the first, on the head node (a bundle must ask for
+    something; this asks for no CPU)."""
+    if config.ray.pool_idle_s > 0:
+        return [{"CPU": coordinator_cpus, HEAD_RESOURCE: 0.001}]
+    return [{"CPU": coordinator_cpus}] + [per_actor(config) for _ in range(num_actors(config))]
+
+
+def concurrent_trials(exp: Experiment, cluster: dict[str, float]) -> int:
+    """`max_concurrent_trials`, cut under pooled actors to the trials whose client actors (the
+    base config's) fit the cluster at once."""
+    config, most = exp.base_config, exp.spec.max_concurrent_trials
+    if config.ray.pool_idle_s == 0:
+        return most
+    fits = [math.floor(cluster.get(key, 0.0) / (need * num_actors(config)) + 1e-9) for key, need in per_actor(config).items()]
+    return max(1, min([most, *fits]))
 
 
 def trial_dirname(trial: Any) -> str:
@@ -296,6 +320,8 @@ def run_experiment(exp: Experiment, resume: bool = False, address: str | None = 
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # relative paths in configs mean the same as in `rayfl run`
     connected = api.connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard, verbose)
+    import ray
+
     try:
         if resume:
             tuner = tune.Tuner.restore(str(exp.dir), trainable(exp), resume_unfinished=True, resume_errored=True)
@@ -309,7 +335,8 @@ def run_experiment(exp: Experiment, resume: bool = False, address: str | None = 
                     scheduler=scheduler(exp),
                     search_alg=search_alg(exp),
                     num_samples=exp.spec.num_samples,
-                    max_concurrent_trials=exp.spec.max_concurrent_trials,
+                    max_concurrent_trials=concurrent_trials(exp, ray.cluster_resources()),
+                    reuse_actors=exp.base_config.ray.pool_idle_s > 0,
                     trial_dirname_creator=trial_dirname,
                 ),
                 run_config=tune.RunConfig(
@@ -322,6 +349,4 @@ def run_experiment(exp: Experiment, resume: bool = False, address: str | None = 
         return write_results(exp, tuner.fit())
     finally:
         if connected:
-            import ray
-
             ray.shutdown()

@@ -3,6 +3,7 @@
 import math
 
 import pandas as pd
+import yaml
 import pytest
 
 from rayfl.cli import main
@@ -92,13 +93,28 @@ def test_time_to_target_is_the_first_virtual_time_at_the_target_across_a_resume(
     assert [r["time_to_target_s"] for r in reported[1:]] == [math.inf, 9.0]
 
 
-def test_each_client_actor_gets_one_bundle_sized_to_it():
+def test_without_the_pool_each_client_actor_gets_one_bundle_sized_to_it():
     from rayfl.loader import parse_config
     from tune.run import bundles
 
-    cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})
+    cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25, "pool_idle_s": 0}})
     assert bundles(cfg, 0.0) == [{"CPU": 0.0}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
-    assert bundles(parse_config({}), 0.5) == [{"CPU": 0.5}, {"CPU": 1.0}]  # num_actors auto: 1 in a trial
+    assert bundles(parse_config({"ray": {"pool_idle_s": 0}}), 0.5) == [{"CPU": 0.5}, {"CPU": 1.0}]  # num_actors auto: 1 in a trial
+
+
+def test_with_the_pool_a_trial_reserves_its_driver_only_and_concurrency_fits_the_actors(tmp_path):
+    from rayfl.loader import parse_config
+    from tune.run import bundles, concurrent_trials
+
+    cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})
+    assert bundles(cfg, 0.0) == [{"CPU": 0.0, "node:__internal_head__": 0.001}]  # pooled actors live outside trial groups
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"base": {"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}}, "search": {"federation.lr": {"grid": [0.1]}}, "max_concurrent_trials": 8}))
+    exp = load_experiment(path)
+    assert concurrent_trials(exp, {"CPU": 4.0, "GPU": 2.0}) == 4  # 2 actors x 0.25 GPU = 0.5 GPU a trial: 4 on 2 GPUs (CPUs would fit 4 too)
+    assert concurrent_trials(exp, {"CPU": 1.0, "GPU": 2.0}) == 1  # 2 x 0.5 CPU: one trial on 1 CPU
+    assert concurrent_trials(exp, {"CPU": 64.0, "GPU": 64.0}) == 8  # never above the spec's
+    assert concurrent_trials(load_experiment(path, ["ray.pool_idle_s=0"]), {"CPU": 1.0, "GPU": 0.0}) == 8  # groups wait for room themselves
 
 
 def test_results_rows_carry_the_final_value_of_each_groups_metric():

@@ -44,15 +44,22 @@ def every(seconds, step):
 
 
 def our_actors(ray, run_prefix, role):
-    """(name, handle) of the live actors `rayfl:<run_prefix>...:<role>...`."""
+    """(run id, name, handle) of the live actors in `role` of runs `<run_prefix>...`: their own
+    (`rayfl:<run>:<role>...`) and those they borrowed from the warm pool."""
+    from actors import warm
+
+    keeper = warm.keeper(create=False)
+    leases = [] if keeper is None else ray.get(keeper.status.remote())["leased"]
+    owners = {name: held["run"] for held in leases if held["run"].startswith(run_prefix) for name in held["actors"]}
     for actor in ray.util.list_named_actors(all_namespaces=True):
         name = actor["name"]
-        if name.startswith(f"rayfl:{run_prefix}") and name.split(":")[-1].startswith(role):
+        own = name.startswith(f"rayfl:{run_prefix}")
+        if (own or name in owners) and name.split(":")[-1].startswith(role):
             try:
                 handle = ray.get_actor(name, namespace=actor["namespace"])
             except ValueError:  # it died since the listing
                 continue
-            yield name, handle
+            yield (name.split(":")[1] if own else owners[name]), name, handle
 
 
 def experiment(tmp_path, name, search, **extra):
@@ -120,8 +127,8 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     pd.testing.assert_frame_equal(again, table)
 
 
-def test_concurrent_trials_keep_their_client_actors_inside_their_placement_groups(ray_cluster, tmp_path):
-    ray = ray_cluster
+def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_their_placement_groups(idle_cluster, tmp_path):
+    ray = idle_cluster
     # Each trial asks for 1 CPU of client actors (2 x 0.5) and nothing for its coordinator, so two
     # trials fill the 2 CPUs and run at once.
     path = experiment(
@@ -130,12 +137,12 @@ def test_concurrent_trials_keep_their_client_actors_inside_their_placement_group
         {"federation.lr": {"grid": [0.05, 0.1]}},
         coordinator_cpus=0,
     )
-    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6"])
+    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6", "ray.pool_idle_s=0"])
     samples = []
 
     def sample():
         seen = {}
-        for name, actor in our_actors(ray, "placed-", "client-"):
+        for _, name, actor in our_actors(ray, "placed-", "client-"):
             try:
                 seen[name] = ray.get(actor.info.remote(), timeout=10)["placement_group"]
             except Exception:  # the trial ended and killed it meanwhile
@@ -163,6 +170,34 @@ def test_concurrent_trials_keep_their_client_actors_inside_their_placement_group
     assert len(group_of_trial) == 2 and len(set(group_of_trial.values())) == 2
 
 
+def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse_them(idle_cluster, tmp_path):
+    ray = idle_cluster
+    from actors import warm
+
+    # 4 trials of 2 client actors x 0.5 CPU: two at once fill the 2 CPUs; the next two borrow
+    # the actors the first two handed back.
+    path = experiment(tmp_path, "warm", {"federation.lr": {"grid": [0.05, 0.1, 0.02, 0.08]}})
+    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=3"])
+    samples = []
+
+    def sample():
+        keeper = warm.keeper(create=False)
+        if keeper is not None:
+            samples.append([held for held in ray.get(keeper.status.remote())["leased"] if held["run"].startswith("warm-")])
+
+    with every(0.2, sample):
+        table = run_experiment(exp, verbose=0)["table"]
+    assert len(table) == 4 and (table["status"] == "finished").all()
+    clients = lambda held: [name for name in held["actors"] if ":client-" in name]
+    assert any(len(leases) == 2 for leases in samples), "two trials never ran at once"
+    for leases in samples:
+        names = [name for held in leases for name in held["actors"]]
+        assert len(names) == len(set(names))  # no actor lent to two trials at once
+        assert all(len(clients(held)) <= 2 for held in leases)  # (a lease shows its new actors once they started)
+    used = {name for leases in samples for held in leases for name in clients(held)}
+    assert len({held["run"] for leases in samples for held in leases}) == 4 and len(used) == 4  # 8 client actors without reuse
+
+
 def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(ray_cluster, tmp_path):
     ray = ray_cluster
     from rayfl.runner import run_local
@@ -175,7 +210,7 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(
         runs = list(exp.dir.glob("*/run/metrics.parquet"))
         if killed.is_set() or not runs or len(pd.read_parquet(runs[0])) < 3:
             return
-        for _, coordinator in our_actors(ray, "broken-", "coordinator"):
+        for _, _, coordinator in our_actors(ray, "broken-", "coordinator"):
             ray.kill(coordinator)
             killed.set()
 

@@ -1,0 +1,112 @@
+"""A local Ray head kept between runs: `rayfl up` starts one (`ray start --head --block` in a
+process group of its own, with token authentication as `ray.init` gives a new local cluster),
+`rayfl down` stops that one only (by its process group: never `ray stop`, which stops every
+Ray cluster on the host). While it is up, `rayfl run` and `rayfl tune` without `--address`
+join it, so their actors stay warm in its pool (`actors.warm`) from one run to the next.
+
+Its address and process are recorded in `~/rayfl/head.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from rayfl.config import ConfigError
+from rayfl.storage import HOME
+
+RECORD = HOME / "head.json"
+
+
+def kept() -> dict[str, Any] | None:
+    """The kept head's record (`address`, `pid`, `dashboard`, `log`) while its process lives; None otherwise."""
+    if not RECORD.is_file():
+        return None
+    record = json.loads(RECORD.read_text())
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return None
+    return record
+
+
+def kept_address() -> str | None:
+    """The kept head's GCS address, with this process set up to join it (token authentication)."""
+    record = kept()
+    if record is None:
+        return None
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    return record["address"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def up(num_cpus: int | None, num_gpus: int | None, dashboard: bool, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Start the kept head (or return the one up); its record."""
+    record = kept()
+    if record is not None:
+        return record
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
+        subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    port, dash = free_port(), free_port()
+    cmd = ["ray", "start", "--head", "--block", "--port", str(port), "--disable-usage-stats", f"--include-dashboard={str(dashboard).lower()}"]
+    cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
+    cmd += ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
+    cmd += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    log = RECORD.with_name("head.log")
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    record = {"address": f"127.0.0.1:{port}", "pid": proc.pid, "dashboard": f"http://127.0.0.1:{dash}" if dashboard else None, "log": str(log)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                stop(proc.pid)
+                raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}") from None
+            time.sleep(0.2)
+    RECORD.write_text(json.dumps(record))
+    return record
+
+
+def down(timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Stop the kept head (its whole process group); its record, None when none was up."""
+    record = kept()
+    RECORD.unlink(missing_ok=True)
+    if record is not None:
+        stop(record["pid"], timeout_s)
+    return record
+
+
+def stop(pid: int, timeout_s: float = 60.0) -> None:
+    """SIGTERM to the process group `ray start --block` leads (it stops the head's processes),
+    SIGKILL to what is left after `timeout_s`."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pid, signal.SIGKILL)
