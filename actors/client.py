@@ -64,7 +64,6 @@ class ClientActor:
     def reset(self) -> bool:
         """Forget the run it served: its federation, runner, open sessions, and whatever its
         code drew from the global RNGs (set back to a new process's), as if just started."""
-        self.hosted: str | None = None  # the hex of the federation's reference
         self.runner: Any = None
         self.policy: Any = None
         self.sessions: dict[int, Any] = {}
@@ -76,11 +75,11 @@ class ClientActor:
     def hosting(self, federation_box: list) -> Any:
         """The `ClientRunner` of the federation in the box (read from the object store on the
         run's first task, and again by an actor that restarted)."""
-        if self.hosted != federation_box[0].hex():
+        if self.runner is None:
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy, self.hosted = ClientRunner.of(fed, self.device), fed.policy, federation_box[0].hex()
+            self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:

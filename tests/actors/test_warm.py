@@ -1,0 +1,107 @@
+"""Warm actors shared between runs (actors/warm.py): no state of one run reaches the next, a dead
+run's actors come back, idle ones leave, and `rayfl pool` / `rayfl up` / `rayfl down`."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from actors import warm
+from rayfl import api
+from rayfl.loader import load_config
+from tests.actors.drills import checkpoint_of
+from tests.actors.test_ray_runner import tables
+
+pytestmark = pytest.mark.ray
+
+REFERENCE = ["federation.rounds=3", "ray.num_actors=2"]
+
+
+def pool(ray):
+    return ray.get(warm.keeper().status.remote())
+
+
+def idle_names(ray):
+    return sorted(e["name"] for e in pool(ray)["idle"])
+
+
+@pytest.fixture(scope="module")
+def fresh(ray_cluster, tmp_path_factory):
+    """The reference run on new actors (the pool drained first), and the actors it left idle."""
+    ray_cluster.get(warm.keeper().drain.remote())
+    run_dir = tmp_path_factory.mktemp("fresh") / "run"
+    api.run(load_config(None, REFERENCE), run_dir)
+    return tables(run_dir), idle_names(ray_cluster)
+
+
+def assert_equals_fresh(fresh, run_dir):
+    for got, want in zip(tables(run_dir), fresh[0]):
+        pd.testing.assert_frame_equal(got, want)
+
+
+def test_runs_after_a_diverging_run_and_after_another_algorithm_equal_the_fresh_run(ray_cluster, fresh, tmp_path):
+    cfg = load_config(None, REFERENCE)
+    # Every client diverges, on another model: the actors held an MLP federation whose training went non-finite.
+    api.run(load_config(None, [*REFERENCE, "federation.lr=1e6", "model.name=mlp"]), tmp_path / "diverged")
+    assert (tables(tmp_path / "diverged")[1]["status"] == "failed").all()
+    api.run(cfg, tmp_path / "after_diverged")
+    assert_equals_fresh(fresh, tmp_path / "after_diverged")
+    # Split learning: sessions on the actors, another model and dataset shape of batches.
+    api.run(load_config(None, ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3", "ray.num_actors=2"]), tmp_path / "sfl")
+    api.run(cfg, tmp_path / "after_sfl")
+    assert_equals_fresh(fresh, tmp_path / "after_sfl")
+    assert idle_names(ray_cluster) == fresh[1]  # the same actors served every run
+
+
+def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(ray_cluster, fresh, tmp_path):
+    killed = tmp_path / "killed"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "rayfl", "run", "--address", ray_cluster.get_runtime_context().gcs_address, "--out", str(killed),
+         "--set", "federation.rounds=40", "--set", "federation.checkpoint_every=1", "--set", "clock=emulate", "--set", "clock_scale=0.02", "--set", "ray.num_actors=2"],
+        env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    deadline = time.time() + 180
+    while not checkpoint_of(killed, 2).exists() and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert driver.poll() is None, driver.stderr.read().decode()[-2000:]
+    assert sorted(name for held in pool(ray_cluster)["leased"] for name in held["actors"]) == fresh[1]  # it borrowed the warm actors
+    os.killpg(driver.pid, signal.SIGKILL)  # no hand-back: its coordinator runs on, detached, until told to stop
+    driver.wait()
+    api.run(load_config(None, REFERENCE), tmp_path / "after_killed")
+    assert_equals_fresh(fresh, tmp_path / "after_killed")
+    assert idle_names(ray_cluster) == fresh[1] and pool(ray_cluster)["leased"] == []
+    stopped = len(pd.read_parquet(killed / "metrics.parquet"))
+    time.sleep(2.0)
+    assert stopped < 40 and len(pd.read_parquet(killed / "metrics.parquet")) == stopped  # the orphaned run was abandoned
+
+
+def test_idle_actors_leave_after_the_idle_time_and_drain_empties_the_pool(ray_cluster, tmp_path):
+    ray_cluster.get(warm.keeper().drain.remote())
+    api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1", "ray.pool_idle_s=1.5"]), tmp_path / "short")
+    started = time.time()
+    while pool(ray_cluster)["idle"] and time.time() - started < 30:
+        time.sleep(0.1)
+    assert pool(ray_cluster)["idle"] == [] and time.time() - started >= 1.0
+    api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1"]), tmp_path / "kept")
+    assert len(pool(ray_cluster)["idle"]) == 2  # a coordinator host and a client actor, for 300 s
+    assert warm.pool_command("drain") == "2 idle actors sent away; 0 leased to runs still going"
+    assert pool(ray_cluster) == {"idle": [], "leased": []}
+
+
+def test_with_no_idle_time_a_run_keeps_no_actor(ray_cluster, tmp_path):
+    ray_cluster.get(warm.keeper().drain.remote())
+    api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1", "ray.pool_idle_s=0"]), tmp_path / "run")
+    assert pool(ray_cluster) == {"idle": [], "leased": []}
+    assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if a["name"] != warm.KEEPER]
+
+
+def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatch):
+    before = warm.kinds(1.0, 0.0, "head", 3)
+    monkeypatch.setattr(warm, "_DIGEST", ["0123456789ab"])
+    after = warm.kinds(1.0, 0.0, "head", 3)
+    assert before != after and all("0123456789ab" in kind for kind in after)
+    assert warm.kinds(0.5, 0.0, "head", 3)[1] != after[1] and warm.kinds(1.0, 0.25, "head", 3)[1] != after[1]  # resources and device key them too
