@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -43,3 +43,87 @@ def seeded_torch(seed: int, purpose: str, round: int = 0, client: int = _NO_CLIE
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(seed, purpose, round, client))
         yield
+
+
+# ----------------------------------------------------------------------------- keyed per-client draws
+# For populations too large to hold an array of N entries: each client's value is a pure function
+# of (seed, purpose, client), computed for the clients asked about only.
+
+EAGER_CLIENTS = 10_000_000
+"""Up to this many clients, per-client draws made for the whole population at once stay arrays
+(a numpy permutation of device classes, FedProx's lognormal sizes of `synthetic`: what every
+figure in docs/ was measured with); above it they are keyed draws (`KeyedPermutation`,
+`keyed_uniform`, held as `Column`s), so memory does not grow with N."""
+
+_MASK64 = np.uint64(2**64 - 1)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (Steele, Lea and Flood 2014), elementwise on uint64 (wrapping)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key64(seed: int, purpose: str, part: int = 0) -> np.uint64:
+    return np.uint64(key(seed, purpose, part).generate_state(1, np.uint64)[0])
+
+
+def keyed_uniform(seed: int, purpose: str, clients: np.ndarray) -> np.ndarray:
+    """One uniform draw in (0, 1) per client, a function of (seed, purpose, client) only."""
+    bits = _mix64(np.asarray(clients, np.uint64) ^ _key64(seed, purpose)) >> np.uint64(11)
+    return (bits.astype(np.float64) + 0.5) * 2.0**-53
+
+
+class KeyedPermutation:
+    """A pseudo-random permutation of 0..n-1 keyed by (seed, purpose), evaluated at the points
+    asked without an array of n entries: a balanced Feistel network (Luby and Rackoff 1988), six
+    rounds of splitmix64 on the smallest even-bit domain holding n, with cycle walking (Black and
+    Rogaway 2002) back into 0..n-1."""
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, seed: int, purpose: str):
+        self.n = n
+        self.half = max(1, (max(1, n - 1).bit_length() + 1) // 2)
+        self.keys = [_key64(seed, purpose, r) for r in range(self.ROUNDS)]
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        mask = np.uint64((1 << self.half) - 1)
+        left, right = x >> np.uint64(self.half), x & mask
+        for k in self.keys:
+            left, right = right, left ^ (_mix64(right ^ k) & mask)
+        return (left << np.uint64(self.half)) | right
+
+    def __call__(self, points: np.ndarray) -> np.ndarray:
+        y = self._encrypt(np.asarray(points, np.uint64))
+        outside = y >= np.uint64(self.n)
+        while outside.any():
+            y[outside] = self._encrypt(y[outside])
+            outside = y >= np.uint64(self.n)
+        return y.astype(np.int64)
+
+
+class Column:
+    """Per-client values of a population of n, computed for the clients asked about and never held
+    n-long: `column[k]` is one value, `column[ids]` an array; `np.asarray(column)` computes all n
+    (for whole-population code, at its cost)."""
+
+    def __init__(self, n: int, values: Callable[[np.ndarray], np.ndarray]):
+        self.n, self.values = n, values
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, clients):
+        if isinstance(clients, (int, np.integer)):
+            return self.values(np.array([clients], np.int64))[0]
+        ids = np.asarray(clients)
+        return self.values(ids.ravel().astype(np.int64)).reshape(ids.shape)
+
+    def __iter__(self) -> Iterator:
+        return iter(np.asarray(self))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.values(np.arange(self.n, dtype=np.int64))
+        return out if dtype is None else out.astype(dtype)

@@ -206,7 +206,7 @@ class SplitPolicy(ServerPolicy):
 
     def eligible(self, round: Round) -> np.ndarray:
         """The workers with samples to train (an exchange needs every session's batches)."""
-        return self.context.num_examples > 0
+        return np.asarray(self.context.num_examples) > 0
 
     def bottom(self, weights: Weights) -> dict[str, np.ndarray]:
         """The bottom model's part of the global weights (what a worker receives)."""

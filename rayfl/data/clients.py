@@ -23,6 +23,7 @@ import functools
 from typing import Sequence
 
 import numpy as np
+from scipy.special import ndtri
 
 from .. import rng
 from ..config import DataConfig, SampledPartition, SyntheticConfig
@@ -120,8 +121,11 @@ class Sampled(Pooled):
         self.by_class = [np.flatnonzero(dataset.y_train == c) for c in range(dataset.num_classes)]
         self.prior = np.array([len(p) for p in self.by_class], float) / len(dataset.y_train)
 
-    def sizes(self) -> np.ndarray:
-        return np.full(self.num_clients, self.size)
+    def sizes(self) -> np.ndarray | rng.Column:
+        size = self.size
+        if self.num_clients <= rng.EAGER_CLIENTS:
+            return np.full(self.num_clients, size)
+        return rng.Column(self.num_clients, lambda ids: np.full(len(ids), size))
 
     def indices(self, client: int) -> np.ndarray:
         g = rng.generator(self.seed, "sampled-partition", client=client)
@@ -138,7 +142,8 @@ class SyntheticClients(Clients):
     Client k, from its own generator (seed, client k): u_k ~ N(0, alpha), B_k ~ N(0, beta),
     v_k ~ N(B_k, 1)^d; x ~ N(v_k, Sigma) with Sigma_jj = j^-1.2; W_k ~ N(u_k, 1)^(c x d),
     b_k ~ N(u_k, 1)^c; y = argmax softmax(W_k x + b_k). Sizes follow FedProx's code,
-    lognormal(4, 2) + 50 (capped at 20x `mean_samples`), drawn for all clients at once; the
+    lognormal(4, 2) + 50 (capped at 20x `mean_samples`), drawn for all clients at once (above
+    `rng.EAGER_CLIENTS`, keyed per client: exp(4 + 2 Phi^-1(u_k)), u_k `rng.keyed_uniform`); the
     last 20% of a client's samples are its test data. The central test set gathers the test data
     of every client, or of a seeded sample of `eval_clients` of them in a larger population.
     """
@@ -146,8 +151,11 @@ class SyntheticClients(Clients):
     def __init__(self, spec: SyntheticConfig, num_clients: int, seed: int):
         self.spec, self.num_clients, self.seed = spec, num_clients, seed
         self.num_classes, self.input_shape = spec.num_classes, (spec.dim,)
-        g = rng.generator(seed, "synthetic-sizes")
-        self.total = np.minimum(g.lognormal(4, 2, num_clients).astype(np.int64) + 50, 20 * spec.mean_samples)
+        cap = 20 * spec.mean_samples
+        if num_clients <= rng.EAGER_CLIENTS:
+            self.total: np.ndarray | rng.Column = np.minimum(rng.generator(seed, "synthetic-sizes").lognormal(4, 2, num_clients).astype(np.int64) + 50, cap)
+        else:
+            self.total = rng.Column(num_clients, lambda ids: np.minimum(np.exp(4 + 2 * ndtri(rng.keyed_uniform(seed, "synthetic-sizes", ids))).astype(np.int64) + 50, cap))
         self.sigma = np.arange(1, spec.dim + 1, dtype=np.float64) ** -1.2
 
     def test_set(self, eval_clients: int) -> tuple[np.ndarray, np.ndarray]:
@@ -160,8 +168,11 @@ class SyntheticClients(Clients):
     def train_size(self, client: int) -> int:
         return int(self.total[client] - self.total[client] // 5)
 
-    def sizes(self) -> np.ndarray:
-        return self.total - self.total // 5
+    def sizes(self) -> np.ndarray | rng.Column:
+        total = self.total
+        if isinstance(total, np.ndarray):
+            return total - total // 5
+        return rng.Column(self.num_clients, lambda ids: total[ids] - total[ids] // 5)
 
     def samples(self, client: int) -> tuple[np.ndarray, np.ndarray]:
         """All of client k's samples (train then test), from its own generator."""

@@ -30,11 +30,11 @@ from ..config_devices import DiurnalAvailability
 
 
 class Bernoulli:
-    """Online per round with probability `chance` (per device); never drops mid-task."""
+    """Online per round with probability `chance` (per device: an array or an `rng.Column`);
+    never drops mid-task. `always`: every chance is 1."""
 
-    def __init__(self, chance: np.ndarray, seed: int):
-        self.chance, self.seed = chance.astype(np.float32), seed
-        self.always = bool(np.all(chance >= 1))
+    def __init__(self, chance: np.ndarray | rng.Column, seed: int, always: bool):
+        self.chance, self.seed, self.always = chance, seed, always
         self._online: tuple[int, np.ndarray] | None = None
         self._since: tuple[int, np.ndarray] | None = None
 
@@ -43,7 +43,7 @@ class Bernoulli:
 
     def online(self, round: int, t: float) -> np.ndarray:
         if self._online is None or self._online[0] != round:
-            self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.chance), np.float32) < self.chance)
+            self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.chance), np.float32) < np.asarray(self.chance, np.float32))
         return self._online[1]
 
     def until(self, client: int, round: int, t: float) -> float:

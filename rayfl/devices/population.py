@@ -26,7 +26,9 @@ class Population:
     `bandwidth_jitter`, its bandwidth level by (seed, client, "bandwidth-level"). From a trace:
     each client is given a trace device by (seed, client) and has its numbers. Who is online
     (`rayfl.devices.availability`) and present (`rayfl.devices.churn`) costs a few arrays of N
-    entries per decision, never a loop over the clients.
+    entries per decision, never a loop over the clients. Above `rng.EAGER_CLIENTS`, a profile's
+    always-online population holds nothing N-long: classes, memory budgets and online chances are
+    `rng.Column`s computed for the clients asked about.
     """
 
     def __init__(
@@ -41,8 +43,12 @@ class Population:
             share = share / share.sum() * num_clients
             counts = np.floor(share).astype(int)
             counts[np.argsort(-(share - counts), kind="stable")[: num_clients - counts.sum()]] += 1
-            classes = np.repeat(np.arange(len(self.profile.classes), dtype=np.int32), counts)
-            self.class_of: np.ndarray | None = rng.generator(seed, "devices").permutation(classes)
+            if num_clients <= rng.EAGER_CLIENTS:
+                classes = np.repeat(np.arange(len(self.profile.classes), dtype=np.int32), counts)
+                self.class_of: np.ndarray | rng.Column | None = rng.generator(seed, "devices").permutation(classes)
+            else:  # rank r of the keyed permutation holds class i where bounds[i-1] <= r < bounds[i]
+                bounds, rank = np.cumsum(counts), rng.KeyedPermutation(num_clients, seed, "devices")
+                self.class_of = rng.Column(num_clients, lambda ids: np.searchsorted(bounds, rank(ids), side="right").astype(np.int32))
         else:
             self.class_of = None
             self.device_of = self.trace.assign(num_clients, seed)
@@ -66,8 +72,16 @@ class Population:
             rows = iv["device_id"].map(index).to_numpy(np.int64)
             return TraceWindows(self.device_of, (rows, iv["online_from_s"].to_numpy(float), iv["online_to_s"].to_numpy(float)), self.trace.periods())
         if self.profile is None:
-            return Bernoulli(np.ones(self.num_clients, np.float32), self.seed)
-        return Bernoulli(np.array([c.availability for c in self.profile.classes], np.float32)[self.class_of], self.seed)
+            return Bernoulli(rng.Column(self.num_clients, lambda ids: np.ones(len(ids), np.float32)), self.seed, always=True)
+        by_class = np.array([c.availability for c in self.profile.classes], np.float32)
+        return Bernoulli(self.per_client(by_class), self.seed, always=bool(np.all(by_class >= 1)))
+
+    def per_client(self, by_class: np.ndarray) -> np.ndarray | rng.Column:
+        """A per-class value for every client: an array, or a `rng.Column` above `rng.EAGER_CLIENTS`."""
+        if isinstance(self.class_of, np.ndarray):
+            return by_class[self.class_of]
+        class_of = self.class_of
+        return rng.Column(self.num_clients, lambda ids: by_class[class_of[ids]])
 
     # ------------------------------------------------------------------ capabilities
 
@@ -78,11 +92,11 @@ class Population:
         """Each class's memory budget in bytes; `width_memory(r)` measures a `memory_width` budget."""
         return np.array([c.memory_mb * 2**20 if c.memory_mb is not None else width_memory(c.memory_width) for c in self.profile.classes])
 
-    def memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
+    def memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray | rng.Column:
         """(num_clients,) each client's memory budget in bytes."""
         if self.profile is None:
             return self.trace.devices["memory_bytes"].to_numpy(np.float64)[self.device_of]
-        return self.class_memory_bytes(width_memory)[self.class_of]
+        return self.per_client(self.class_memory_bytes(width_memory))
 
     def state(self, client: int, round: int) -> DeviceState:
         if self.profile is None:

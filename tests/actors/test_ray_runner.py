@@ -70,6 +70,8 @@ FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
 @pytest.mark.parametrize(
     "overrides",
     [
+        # 10^9 logical clients: device classes and data sizes drawn per client when asked (rayfl/rng.py).
+        ["data.name=synthetic", "model.name=mlp", "data.num_clients=1000000000", "federation.rounds=2"],
         # HeteroFL: sliced sub-models, static BN, per-level metrics.
         ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2"],
         # Split learning: 3 workers pinned to 2 actors (one actor holds two bottom models at once).
@@ -90,7 +92,7 @@ FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
         # models); Per-FedAvg's meta-steps; the personalization metrics (Ditto's) from both runners alike.
         *([f"algorithm.name={a}", "federation.rounds=2", "data.partition.kind=shards", f"federation.personalize_epochs={int(a == 'ditto')}", "data.num_clients=10", "federation.clients_per_round=4"] for a in ("ditto", "lgfedavg", "localonly", "perfedavg")),
     ],
-    ids=["heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl", "fedsup", "efedsup", "ditto", "lgfedavg", "localonly", "perfedavg"],
+    ids=["1e9-clients", "heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl", "fedsup", "efedsup", "ditto", "lgfedavg", "localonly", "perfedavg"],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)
