@@ -53,10 +53,11 @@ class ClientActor:
 
     def __init__(self, threads: int, gpu_fraction: float):
         torch.set_num_threads(threads)
-        device = "cpu"
+        device, self.memory_share = "cpu", None
         if gpu_fraction > 0 and torch.cuda.is_available():
             device = "cuda"
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
+            self.memory_share = min(1.0, gpu_fraction) * torch.cuda.get_device_properties(0).total_memory
         self.device = device
         self.born = rng_states(device)
         self.reset()
@@ -79,7 +80,7 @@ class ClientActor:
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy = ClientRunner.of(fed, self.device), fed.policy
+            self.runner, self.policy = ClientRunner.of(fed, self.device, self.memory_share), fed.policy
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:

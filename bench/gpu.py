@@ -17,10 +17,14 @@ machine's CPUs and GPUs and runs three parts on it:
 3. Throughput: the reference workload (digits, 100 clients, 32 per round, 5 local epochs, batch
    10; `cnn2`, FedAvg's CNN, and an MLP) on 1, 2, 4 and 8 actors at 0.125 GPU and 1 CPU each, 4
    clients per call, and vectorized: `ray.vectorize: 4` on 1 and 8 actors, 8 and 32 (a call of
-   that many clients) on 1 actor: clients trained per second in the round loop (rounds 2 on,
-   past CUDA's first-call set-up), and final accuracy.
+   that many clients) on 1 actor; then the defaults (`ray.vectorize: auto`,
+   `ray.clients_per_call: auto`, `ray.num_actors: auto`) at 1 and at 0.125 GPU per actor:
+   clients trained per second in the round loop (rounds 2 on, past CUDA's first-call set-up),
+   and final accuracy. `preresnet18` (HeteroFL's PreResNet-18, 11 M parameters: a model that
+   loads a GPU) trains on 32x32 RGB images written to a temporary image folder (`data.name: hf`;
+   no download), 640 of them in 10 classes; its batch norm keeps it sequential under `auto`.
 
-    python bench/gpu.py [--rounds 5] [--models cnn2 mlp] [--parts placement over-share throughput]
+    python bench/gpu.py [--rounds 5] [--models cnn2 mlp preresnet18] [--parts placement over-share throughput]
 """
 
 from __future__ import annotations
@@ -42,10 +46,29 @@ OVER_SHARE = [
 ]
 REFERENCE = [
     "data.num_clients=100", "federation.clients_per_round=32", "federation.local_epochs=5", "federation.batch_size=10",
-    "federation.lr=0.02", "federation.momentum=0.9", "ray.gpus_per_actor=0.125",
+    "federation.lr=0.02", "federation.momentum=0.9",
 ]
-# (actors, vectorize): 4 clients per call, or `vectorize` when more (one call then trains them in one vmap)
-THROUGHPUT = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 4), (8, 4), (1, 8), (1, 32))
+# (actors, vectorize, gpus per actor): 4 clients per call, or `vectorize` when more (one call then
+# trains them in one vmap); "auto": the defaults (num_actors, vectorize and clients_per_call auto)
+THROUGHPUT = ((1, 1, 0.125), (2, 1, 0.125), (4, 1, 0.125), (8, 1, 0.125), (1, 4, 0.125), (8, 4, 0.125), (1, 8, 0.125), (1, 32, 0.125), ("auto", "auto", 1.0), ("auto", "auto", 0.125))
+IMAGES = 640
+"""32x32 RGB images of `preresnet18`'s image folder."""
+
+
+def image_folder(root: Path) -> list[str]:
+    """640 random 32x32 RGB PNGs in 10 class folders (each class a mean colour plus noise, so
+    it can be learnt); the `hf` data keys that read them."""
+    import numpy as np
+    from PIL import Image
+
+    g = np.random.default_rng(0)
+    for k in range(IMAGES):
+        folder = root / f"class{k % 10}"
+        folder.mkdir(parents=True, exist_ok=True)
+        colour = np.array([(k % 10) * 25, 255 - (k % 10) * 25, 128])
+        pixels = np.clip(colour + g.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(folder / f"{k}.png")
+    return ["data.name=hf", f"data.path={root}", "data.features.image=image", "model.name=preresnet18"]
 
 
 def placement() -> None:
@@ -90,16 +113,20 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
     from rayfl import api
     from rayfl.loader import load_config
 
-    print(f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 0.125 GPU and 1 CPU per actor, 4 clients per call (vectorize K > 4: K)")
-    print("| model | actors | vectorize | clients/s (rounds 2 on) | round s (median) | final accuracy |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per call (vectorize K > 4: K; auto: the defaults)")
+    print("| model | GPU per actor | actors | vectorize | clients/s (rounds 2 on) | round s (median) | final accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    data = {model: [f"model.name={model}"] for model in models}
+    if "preresnet18" in models:
+        data["preresnet18"] = image_folder(out / "images")
     for model in models:
-        for actors, vectorize in THROUGHPUT:
-            run = out / f"{model}-{actors}-{vectorize}"
-            sets = [*REFERENCE, f"model.name={model}", f"federation.rounds={rounds}", f"ray.num_actors={actors}", f"ray.vectorize={vectorize}", f"ray.clients_per_call={max(4, vectorize)}"]
+        for actors, vectorize, gpus in THROUGHPUT:
+            run = out / f"{model}-{actors}-{vectorize}-{gpus}"
+            per_call = "auto" if vectorize == "auto" else max(4, vectorize)
+            sets = [*REFERENCE, *data[model], f"federation.rounds={rounds}", f"ray.gpus_per_actor={gpus}", f"ray.num_actors={actors}", f"ray.vectorize={vectorize}", f"ray.clients_per_call={per_call}"]
             summary = api.run(load_config(None, sets), run)
             wall = pd.read_parquet(run / "metrics.parquet")["wall_time_s"].diff().iloc[1:]
-            print(f"| {model} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | {summary['final_test_accuracy']:.4f} |")
+            print(f"| {model} | {gpus:g} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | {summary['final_test_accuracy']:.4f} |", flush=True)
 
 
 def main() -> None:

@@ -346,9 +346,13 @@ class RayConfig(Strict):
     pool_idle_s: float = Field(
         300.0, ge=0, description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: they leave with the run (docs/ray.md)"
     )
-    vectorize: int = Field(1, ge=1, description="train this many of a call's clients together in one batched computation (torch.func.vmap)")
-    clients_per_call: int = Field(
-        5, ge=1, description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner"
+    vectorize: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        "auto",
+        description="train this many of a call's clients together in one batched computation (torch.func.vmap); auto: on a GPU client actor every client of a call that its memory share holds (where the algorithm and model allow it), else 1",
+    )
+    clients_per_call: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        "auto",
+        description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner; auto: 5, or with gpus_per_actor the round's clients per actor",
     )
 
 
@@ -367,6 +371,19 @@ class RunConfig(Strict):
     clock_scale: float = Field(1.0, gt=0, description="under clock: emulate, wall seconds per virtual second")
     ray: RayConfig = RayConfig()
     metrics: MetricsConfig = MetricsConfig()
+
+    @property
+    def call_size(self) -> int:
+        """`ray.clients_per_call` resolved: `auto` is 5 on CPUs; with `ray.gpus_per_actor`, the
+        round's clients per actor (`ray.num_actors`, under `auto` the actors one GPU holds), so a
+        GPU actor trains its share of a round in one call, vectorized (`ray.vectorize: auto`)."""
+        ray_cfg = self.ray
+        if ray_cfg.clients_per_call != "auto":
+            return ray_cfg.clients_per_call
+        if ray_cfg.gpus_per_actor == 0:
+            return 5
+        actors = ray_cfg.num_actors if ray_cfg.num_actors != "auto" else max(1, math.floor(1 / ray_cfg.gpus_per_actor + 1e-9))
+        return math.ceil(self.federation.clients_per_round / actors)
 
     @model_validator(mode="after")
     def _round_fits_population(self) -> "RunConfig":

@@ -40,7 +40,7 @@ class Late:
         carried = [f for f in self.flights if f.carry]
         if carried:  # a resumed run: train the carried clients again, as they trained before it stopped
             self.tasks = [reconfigure(fed, f, self.states) for f in carried]
-            self.gather = executor.submit(groups_of(self.tasks, fed.config.ray.clients_per_call))
+            self.gather = executor.submit(groups_of(self.tasks, fed.config.call_size))
 
     def busy(self) -> set[int]:
         return {f.client_id for f in self.flights}

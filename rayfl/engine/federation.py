@@ -8,7 +8,7 @@ and training memory (`FederationContext`), the policy, the procedure and the eva
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,8 @@ class Federation:
     models: ModelCache
     costs: CostCache
     evaluator: Evaluator
+    vectorizable: bool = False
+    """Whether the algorithm and model can train clients K at a time (`ray.vectorize`)."""
 
     def initial_weights(self) -> dict[str, np.ndarray]:
         """The global model's initial weights, seeded by (seed, "init"), with the tensors of
@@ -87,13 +89,24 @@ def build_federation(config: RunConfig) -> Federation:
         profile=population.profile,
         training_memory=training_memory,
     )
-    if config.ray.vectorize > 1:
+    vectorizable = vectorizes(config, algorithm, probe)
+    policy = algorithm.policy(config, context)
+    evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
+    return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator, vectorizable)
+
+
+def vectorizes(config: RunConfig, algorithm: Any, probe: Any) -> bool:
+    """Whether the algorithm's clients and the model can train K at a time; `ConfigError` where
+    `ray.vectorize` > 1 asks it of ones that cannot (`auto` then trains them one at a time)."""
+    try:
         if not algorithm.vectorizable:
             raise ConfigError(f"ray.vectorize: {config.algorithm.name} trains its clients one at a time; use ray.vectorize: 1")
         check_vectorizable(probe, f"model {config.model.name}")
-    policy = algorithm.policy(config, context)
-    evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
-    return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator)
+        return True
+    except ConfigError:
+        if config.ray.vectorize not in ("auto", 1):
+            raise
+        return False
 
 
 def width_memory(config: RunConfig, training_memory: Callable[[ModelConfig], int], rate: float) -> int:

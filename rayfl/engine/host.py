@@ -66,6 +66,24 @@ def keep_freed_memory() -> None:
     mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
+VECTORIZE_HEADROOM = 0.8
+"""Of a GPU actor's memory share, what `ray.vectorize: auto` fills with clients' training memory
+(the rest: the CUDA context, the allocator's fragmentation)."""
+
+
+def vectorize_width(fed: Federation, device: str, memory_share: float | None) -> int:
+    """Clients trained together: `ray.vectorize`, or under `auto`, on a CUDA device where the
+    algorithm and model allow it, a call's clients (`RunConfig.call_size`) as far as
+    `VECTORIZE_HEADROOM` of the memory share holds the model's training memory for each; else 1."""
+    width = fed.config.ray.vectorize
+    if width != "auto":
+        return width
+    if device != "cuda" or not fed.vectorizable or memory_share is None:
+        return 1
+    each = fed.context.training_memory(fed.config.model)
+    return max(1, min(fed.config.call_size, int(VECTORIZE_HEADROOM * memory_share // each)))
+
+
 class ClientRunner:
     """Runs client tasks of one federation against the training arrays it holds."""
 
@@ -79,8 +97,10 @@ class ClientRunner:
         self.context = ClientContext(seed, ModelCache(clients.input_shape, clients.num_classes, device))
 
     @classmethod
-    def of(cls, fed: Federation, device: str = "cpu") -> "ClientRunner":
-        return cls(fed.procedure, fed.clients, fed.config.seed, device, fed.config.ray.vectorize)
+    def of(cls, fed: Federation, device: str = "cpu", memory_share: float | None = None) -> "ClientRunner":
+        """The runner of a federation on `device`; `memory_share`: the bytes of GPU memory its
+        process may use (for `ray.vectorize: auto`)."""
+        return cls(fed.procedure, fed.clients, fed.config.seed, device, vectorize_width(fed, device, memory_share))
 
     def data(self, client: int) -> ClientData:
         """The client's samples, produced now (a logical client costs nothing until its task runs)."""

@@ -99,7 +99,7 @@ def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor
         pace = None
         if cfg.clock == "emulate":
             pace = lambda group: cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)  # noqa: E731
-        gather = executor.submit(groups_of(tasks, cfg.ray.clients_per_call), pace)
+        gather = executor.submit(groups_of(tasks, cfg.call_size), pace)
     return Dispatched(rnd, selected, configured, driver, gather, held)
 
 

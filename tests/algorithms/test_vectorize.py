@@ -119,3 +119,33 @@ def test_stacked_parameters_take_the_layout_of_their_gradients():
     for n in stacked:
         assert leaves[n].is_leaf and leaves[n].requires_grad
         assert torch.equal(leaves[n], stacked[n])
+
+
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        ([], 5),  # CPUs: the fixed groups every figure so far was measured with
+        (["ray.gpus_per_actor=0.125"], 4),  # 32 a round over the 8 actors one GPU holds
+        (["ray.gpus_per_actor=1"], 32),  # one actor per GPU takes the whole round in one call
+        (["ray.gpus_per_actor=0.25", "ray.num_actors=2"], 16),
+        (["ray.gpus_per_actor=0.25", "ray.clients_per_call=3"], 3),
+    ],
+)
+def test_clients_per_call_auto_gives_a_gpu_actor_its_share_of_the_round(sets, expected):
+    assert load_config(None, ["federation.clients_per_round=32", "data.num_clients=100", *sets]).call_size == expected
+
+
+def test_vectorize_auto_fills_a_gpu_actors_memory_share_and_stays_sequential_elsewhere():
+    from rayfl.engine.host import VECTORIZE_HEADROOM, vectorize_width
+
+    fed = build_federation(load_config(None, ["model.name=mlp", "ray.gpus_per_actor=1", "federation.clients_per_round=10"]))
+    each = fed.context.training_memory(fed.config.model)
+    assert fed.vectorizable and fed.config.call_size == 10
+    assert vectorize_width(fed, "cpu", None) == 1  # CPU actors and in-process runs train one at a time
+    assert vectorize_width(fed, "cuda", 3.5 * each / VECTORIZE_HEADROOM) == 3  # three clients' training memory fit the share
+    assert vectorize_width(fed, "cuda", 100 * each) == 10  # never wider than a call
+    assert vectorize_width(fed, "cuda", 0.5 * each) == 1
+    with_bn = build_federation(load_config(None, ["model.name=cnn", "ray.gpus_per_actor=1"]))  # batch norm: cannot vectorize
+    assert not with_bn.vectorizable and vectorize_width(with_bn, "cuda", 100 * each) == 1
+    fixed = build_federation(load_config(None, ["model.name=mlp", "ray.vectorize=4"]))
+    assert vectorize_width(fixed, "cpu", None) == 4
