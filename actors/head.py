@@ -36,13 +36,15 @@ def kept() -> dict[str, Any] | None:
     return record
 
 
-def kept_address() -> str | None:
-    """The kept head's GCS address, with this process set up to join it (token authentication)."""
+def joining(address: str | None) -> str | None:
+    """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the kept head's;
+    None: none. Joining the kept head, this process is set up for its token authentication
+    (call it before Ray's import)."""
     record = kept()
-    if record is None:
-        return None
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    return record["address"]
+    address = address or os.environ.get("RAY_ADDRESS") or (record["address"] if record else None)
+    if record is not None and address == record["address"]:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    return address
 
 
 def free_port() -> int:

@@ -6,19 +6,22 @@ The plain loop does the same work with the same data, partition, initial weights
 selection and batch order (it borrows rayfl's data helpers and seeded draws, nothing else).
 
 Each side runs as a fresh process and is timed from launch to exit, so imports and, for
-rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs
-twice on Ray: as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`,
-and once in process (`--local`). Prints the wall times, the ratios, and the accuracies; also
-the time of the round loop alone (for rayfl from the first round's start to the last round's
-end, Ray already up).
+rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs on
+Ray as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`, on a warm
+cluster with a warm pool (`rayfl run --address` on a head `rayfl up` keeps, after one untimed
+run of the same workload that leaves its actors warm; the head is started here and stopped at
+the end unless one was up), and once in process (`--local`). Prints the wall times, the
+ratios, and the accuracies; also the time of the round loop alone (for rayfl from the first
+round's start to the last round's end, Ray already up).
 
-    python bench/fedavg_reference.py [--rounds 30] [--runs dashboard no-dashboard local]
+    python bench/fedavg_reference.py [--rounds 30] [--runs dashboard no-dashboard warm-pool local]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,9 +39,10 @@ OVERRIDES = [
 ]
 
 
-RUNS = {  # --runs: label, config overrides, `rayfl run` flags
+RUNS = {  # --runs: label, config overrides, `rayfl run` flags (WARM: --address of the warm head)
     "dashboard": ("rayfl, dashboard on", [], []),
     "no-dashboard": ("rayfl, dashboard off", ["ray.dashboard=false"], []),
+    "warm-pool": ("rayfl, warm pool", [], ["--address", "WARM"]),
     "local": ("rayfl --local", [], ["--local"]),
 }
 
@@ -94,9 +98,9 @@ def plain_loop(rounds: int) -> dict:
     return {"accuracy": acc, "loop_s": end - loop_start, "inside_s": end - start}
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return time.perf_counter() - start, out.stdout
 
 
@@ -113,12 +117,24 @@ def main() -> None:
     plain_wall, plain_out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, extra, flags in (RUNS[r] for r in args.runs):
-            sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
-            out = f"{tmp}/{len(runs)}"
-            wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
-            runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
+    from actors import head
+
+    was_up = head.kept() is not None
+    warm = head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if "warm-pool" in args.runs else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cold = {**os.environ, "HOME": f"{tmp}/home"}  # the default runs start their own cluster: no kept head recorded there
+            for label, extra, flags in (RUNS[r] for r in args.runs):
+                sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
+                flags = [warm if f == "WARM" else f for f in flags]
+                if warm in flags:  # the untimed run that leaves the pool warm
+                    timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", f"{tmp}/warm-up"])
+                out = f"{tmp}/{len(runs)}"
+                wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out], env=None if warm in flags or "--local" in flags else cold)
+                runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
+    finally:
+        if warm and not was_up:
+            head.down()
     print(f"workload: digits, 100 clients, 10/round, {args.rounds} rounds, 5 epochs, batch 10, cnn2, SGD 0.02 m0.9")
     print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio (loop)':>14}")
     print(f"{'plain PyTorch loop':<24}{plain_wall:>16.1f}{plain['loop_s']:>14.1f}{plain['accuracy']:>10.4f}")

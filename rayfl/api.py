@@ -42,9 +42,9 @@ log = logging.getLogger("rayfl")
 def cluster_address(address: str | None) -> str | None:
     """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the local head `rayfl
     up` keeps (`actors.head`); None: none (a run starts a local cluster of its own)."""
-    from actors.head import kept_address
+    from actors.head import joining
 
-    return address or os.environ.get("RAY_ADDRESS") or kept_address()
+    return joining(address)
 
 
 def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
