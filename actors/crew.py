@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +14,6 @@ from actors.client import create_client_actors
 from actors.coordinator import Coordinator, coordinator_options
 from actors.pool import check_fits, pool_size
 from rayfl.config import ConfigError, RunConfig
-
-log = logging.getLogger("rayfl")
 
 
 @dataclass
@@ -71,6 +68,16 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
     kind_coordinator, kind_client = warm.kinds(ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, ray_cfg.coordinator_node, ray_cfg.coordinator_restarts)
     lease = secrets.token_hex(8)
     key, taken = ray.get(keeper.take.remote(lease, warm.borrower(), run_id, ray_cfg.pool_idle_s, {kind_coordinator: 1, kind_client: count}))
+    try:
+        return completed(config, taken, count, keeper, lease, key, (kind_coordinator, kind_client))
+    except BaseException:  # the lease ends with the error: its actors leave (never handed back half reset)
+        keeper.give_back.remote(lease, [])
+        raise
+
+
+def completed(config: RunConfig, taken: list, count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]) -> Crew:
+    """The crew from the pool's actors `taken`, and new ones for what they lack (joined to the lease)."""
+    kind_coordinator, kind_client = kinds
     coordinator = [(name, handle, dirty) for kind, name, handle, dirty in taken if kind == kind_coordinator]
     clients = [(name, handle, dirty) for kind, name, handle, dirty in taken if kind == kind_client]
     if coordinator and coordinator[0][2]:
@@ -82,14 +89,12 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
         coordinator = [(name, Coordinator.options(**coordinator_options(config, name, pooled=True)).remote(), False)]
         new.append((kind_coordinator, name, coordinator[0][1], {}))
     names = [warm.pooled_name("client") for _ in range(count - len(clients))]
-    per_actor = {"CPU": ray_cfg.cpus_per_actor, "GPU": ray_cfg.gpus_per_actor}
+    per_actor = {"CPU": config.ray.cpus_per_actor, "GPU": config.ray.gpus_per_actor}
     for name, handle in zip(names, create_client_actors(config, names, pooled=True)):
         clients.append((name, handle, False))
         new.append((kind_client, name, handle, per_actor))
     if new:
         ray.get(keeper.join.remote(lease, new))
-    if len(names) < count:
-        log.info(f"warm pool: {count - len(names)} of {count} client actors reused")
     crew = [*coordinator, *clients]
     return Crew(coordinator[0][1], [h for _, h, _ in clients], [n for n, _, _ in crew], key, lease)
 

@@ -118,12 +118,13 @@ def main() -> None:
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
     from actors import head
+    from startup import home_without_kept_head
 
     was_up = head.kept() is not None
     warm = head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if "warm-pool" in args.runs else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            cold = {**os.environ, "HOME": f"{tmp}/home"}  # the default runs start their own cluster: no kept head recorded there
+            cold = {**os.environ, "HOME": home_without_kept_head(f"{tmp}/home")}  # the default runs start their own cluster
             for label, extra, flags in (RUNS[r] for r in args.runs):
                 sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
                 flags = [warm if f == "WARM" else f for f in flags]

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 BASE = ["ray.dashboard=false"]
 SIDES = {  # label -> (--one mode, needs the warm head)
@@ -58,8 +59,20 @@ def one(mode: str, sets: list[str], address: str | None) -> dict:
         return timings
 
 
+def home_without_kept_head(folder: str) -> str:
+    """A HOME in `folder` that links to every entry of this user's but `~/rayfl` (where the head
+    `rayfl up` keeps is recorded): a run there starts its own local cluster, with the same token
+    and caches as here."""
+    home = Path(folder)
+    home.mkdir(parents=True, exist_ok=True)
+    for entry in Path.home().iterdir():
+        if entry.name != "rayfl":
+            (home / entry.name).symlink_to(entry)
+    return str(home)
+
+
 def timed(mode: str, sets: list[str], address: str | None, home: str) -> tuple[float, dict]:
-    """A run in a fresh process; a cold local cluster's with its own HOME, where no kept head is recorded."""
+    """A run in a fresh process; a cold local cluster's with a HOME where no kept head is recorded."""
     cmd = [sys.executable, __file__, "--one", mode, *[a for s in sets for a in ("--set", s)], *(["--address", address] if address else [])]
     env = {**os.environ, **({"HOME": home} if mode == "ray" else {})}
     start = time.perf_counter()
@@ -89,7 +102,7 @@ def main() -> None:
     import ray
 
     from actors import warm
-    home = tempfile.mkdtemp()
+    home = home_without_kept_head(f"{tempfile.mkdtemp()}/home")
     walls: dict[str, list[float]] = {side: [] for side in SIDES}
     parts: dict[str, list[dict]] = {side: [] for side in SIDES}
     try:

@@ -105,3 +105,26 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
     after = warm.kinds(1.0, 0.0, "head", 3)
     assert before != after and all("0123456789ab" in kind for kind in after)
     assert warm.kinds(0.5, 0.0, "head", 3)[1] != after[1] and warm.kinds(1.0, 0.25, "head", 3)[1] != after[1]  # resources and device key them too
+
+
+def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path / "home")}  # its own ~/rayfl/head.json and token
+    env.pop("RAY_ADDRESS", None)
+    rayfl = lambda *args: subprocess.run([sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    up = rayfl("up", "--num-cpus", "2")
+    assert up.returncode == 0 and "a local Ray head is up at 127.0.0.1:" in up.stdout, up.stderr
+    record = __import__("json").loads((tmp_path / "home" / "rayfl" / "head.json").read_text())
+    try:
+        for name in ("first", "second"):
+            run = rayfl("run", "--set", "federation.rounds=1", "--set", "ray.num_actors=2", "--out", str(tmp_path / name))
+            assert run.returncode == 0, run.stderr[-2000:]
+        status = rayfl("pool", "status")
+        lines = status.stdout.splitlines()
+        assert lines[0] == "3 idle, 0 leased" and sum("rayfl:pool:client-" in line for line in lines) == 2, status.stdout
+        pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
+    finally:
+        down = rayfl("down")
+    assert down.returncode == 0 and down.stdout.strip() == "rayfl: the local head is down"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(record["pid"], 0)  # the whole process group is gone
+    assert rayfl("pool", "status").returncode == 2  # no running cluster any more
