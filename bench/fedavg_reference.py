@@ -9,8 +9,8 @@ Each side runs as a fresh process and is timed from launch to exit, so imports a
 rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs on
 Ray as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`, on a warm
 cluster with a warm pool (`rayfl run --address` on a head `rayfl up` keeps, after one untimed
-run of the same workload that leaves its actors warm; the head is started here and stopped at
-the end unless one was up), and once in process (`--local`). Prints the wall times, the
+run of the same workload that leaves its actors warm; the head is started for this run and
+stopped after it, so no other run shares the machine with it), and once in process (`--local`). Prints the wall times, the
 ratios, and the accuracies; also the time of the round loop alone (for rayfl from the first
 round's start to the last round's end, Ray already up).
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -98,9 +97,9 @@ def plain_loop(rounds: int) -> dict:
     return {"accuracy": acc, "loop_s": end - loop_start, "inside_s": end - start}
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
+def timed(cmd: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, out.stdout
 
 
@@ -118,24 +117,24 @@ def main() -> None:
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
     from actors import head
-    from startup import home_without_kept_head
 
     was_up = head.kept() is not None
-    warm = head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if "warm-pool" in args.runs else None
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cold = {**os.environ, "HOME": home_without_kept_head(f"{tmp}/home")}  # the default runs start their own cluster
-            for label, extra, flags in (RUNS[r] for r in args.runs):
-                sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
-                flags = [warm if f == "WARM" else f for f in flags]
-                if warm in flags:  # the untimed run that leaves the pool warm
+    if was_up:
+        sys.exit("bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, extra, flags in (RUNS[r] for r in args.runs):
+            sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
+            out = f"{tmp}/{len(runs)}"
+            if "WARM" not in flags:
+                wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
+            else:  # the head started for this run alone; an untimed run of the workload leaves its pool warm
+                flags = [head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if f == "WARM" else f for f in flags]
+                try:
                     timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", f"{tmp}/warm-up"])
-                out = f"{tmp}/{len(runs)}"
-                wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out], env=None if warm in flags or "--local" in flags else cold)
-                runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
-    finally:
-        if warm and not was_up:
-            head.down()
+                    wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
+                finally:
+                    head.down()
+            runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
     print(f"workload: digits, 100 clients, 10/round, {args.rounds} rounds, 5 epochs, batch 10, cnn2, SGD 0.02 m0.9")
     print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio (loop)':>14}")
     print(f"{'plain PyTorch loop':<24}{plain_wall:>16.1f}{plain['loop_s']:>14.1f}{plain['accuracy']:>10.4f}")

@@ -6,8 +6,12 @@ Each run is a fresh process (`python -m rayfl run`-alike), timed from launch to 
 - `--local`: in process, no Ray;
 - cold local cluster: `rayfl run` starting (and stopping) its own local cluster and actors;
 - warm cluster, cold pool: `rayfl run --address` on a head that is already up (started here by
-  `rayfl up`'s code and stopped at the end, unless one was up already), its pool drained first;
+  `rayfl up`'s code and stopped at the end), its pool drained first;
 - warm pool: the same run again, which borrows the actors the previous one handed back.
+
+The first two alternate before the head starts (its idle processes would slow a cold start on a
+small machine), the others after it, with `--local` again beside the head; each "over --local"
+is against the `--local` runs of its own phase.
 
 The Ray sides' breakdown comes from `rayfl.api.run(timings=...)`: imports (process start to the
 call), building and checking the federation, starting or joining the cluster, starting or
@@ -26,12 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 BASE = ["ray.dashboard=false"]
-SIDES = {  # label -> (--one mode, needs the warm head)
+SIDES = {  # label -> (--one mode, measured while the warm head is up)
     "in process (--local)": ("local", False),
     "cold local cluster": ("ray", False),
+    "in process, beside the warm head": ("local", True),
     "warm cluster, cold pool": ("address", True),
     "warm pool": ("address", True),
 }
@@ -59,24 +63,11 @@ def one(mode: str, sets: list[str], address: str | None) -> dict:
         return timings
 
 
-def home_without_kept_head(folder: str) -> str:
-    """A HOME in `folder` that links to every entry of this user's but `~/rayfl` (where the head
-    `rayfl up` keeps is recorded): a run there starts its own local cluster, with the same token
-    and caches as here."""
-    home = Path(folder)
-    home.mkdir(parents=True, exist_ok=True)
-    for entry in Path.home().iterdir():
-        if entry.name != "rayfl":
-            (home / entry.name).symlink_to(entry)
-    return str(home)
-
-
-def timed(mode: str, sets: list[str], address: str | None, home: str) -> tuple[float, dict]:
-    """A run in a fresh process; a cold local cluster's with a HOME where no kept head is recorded."""
+def timed(mode: str, sets: list[str], address: str | None) -> tuple[float, dict]:
+    """A run in a fresh process."""
     cmd = [sys.executable, __file__, "--one", mode, *[a for s in sets for a in ("--set", s)], *(["--address", address] if address else [])]
-    env = {**os.environ, **({"HOME": home} if mode == "ray" else {})}
     start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -96,36 +87,43 @@ def main() -> None:
     from actors import head
 
     was_up = head.kept() is not None
+    walls: dict[str, list[float]] = {side: [] for side in SIDES}
+    parts: dict[str, list[dict]] = {side: [] for side in SIDES}
+
+    def measure(side: str, address: str | None) -> None:
+        wall, timings = timed(SIDES[side][0], sets, address)
+        walls[side].append(wall)
+        parts[side].append(timings)
+
+    if was_up:
+        sys.exit("bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
+    for _ in range(args.repeat):  # no other cluster on the machine
+        measure("in process (--local)", None)
+        measure("cold local cluster", None)
     record = head.up(num_cpus=os.cpu_count(), num_gpus=None, dashboard=False)
     head.joining(None)  # this process set up to join it (token authentication) before Ray's import
-
     import ray
 
     from actors import warm
-    home = home_without_kept_head(f"{tempfile.mkdtemp()}/home")
-    walls: dict[str, list[float]] = {side: [] for side in SIDES}
-    parts: dict[str, list[dict]] = {side: [] for side in SIDES}
+
     try:
         for _ in range(args.repeat):
-            for side, (mode, warm_head) in SIDES.items():
-                if side == "warm cluster, cold pool":  # drained: the run starts its actors on the running head
-                    ray.init(address=record["address"], logging_level="ERROR", log_to_driver=False)
-                    print(warm.pool_command("drain"), file=sys.stderr)
-                    ray.shutdown()
-                    time.sleep(2.0)  # the drained actors' resources come back
-                wall, timings = timed(mode, sets, record["address"] if warm_head else None, home)
-                walls[side].append(wall)
-                parts[side].append(timings)
+            ray.init(address=record["address"], logging_level="ERROR", log_to_driver=False)
+            print(warm.pool_command("drain"), file=sys.stderr)  # the next run starts its actors on the running head
+            ray.shutdown()
+            time.sleep(2.0)  # the drained actors' resources come back
+            measure("warm cluster, cold pool", record["address"])
+            measure("warm pool", record["address"])
+            measure("in process, beside the warm head", None)
     finally:
-        if not was_up:
-            head.down()
+        head.down()
     phases = ["imports", "build", "ray_start", "actors", "rounds", "shutdown"]
     print(f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard off); medians of {args.repeat}, seconds")
     print(f"| run | process wall | over --local | {' | '.join(phases)} |")
     print(f"|---|---|---|{'---|' * len(phases)}")
-    local = statistics.median(walls["in process (--local)"])
     for side in SIDES:
         wall = statistics.median(walls[side])
+        local = statistics.median(walls["in process (--local)" if not SIDES[side][1] else "in process, beside the warm head"])
         named = [{**p, "rounds": p.get("rounds", p.get("run"))} for p in parts[side]]  # in process: its whole run under rounds
         cells = [f"{statistics.median(p[k] for p in named):.2f}" if k in named[0] else "-" for k in phases]
         print(f"| {side} | {wall:.2f} | {wall - local:+.2f} | {' | '.join(cells)} |")
