@@ -65,6 +65,7 @@ class ClientActor:
     def reset(self) -> bool:
         """Forget the run it served: its federation, runner, open sessions, and whatever its
         code drew from the global RNGs (set back to a new process's), as if just started."""
+        self.hosted: str | None = None  # the federation's reference (hex) the runner serves
         self.runner: Any = None
         self.policy: Any = None
         self.sessions: dict[int, Any] = {}
@@ -75,12 +76,13 @@ class ClientActor:
 
     def hosting(self, federation_box: list) -> Any:
         """The `ClientRunner` of the federation in the box (read from the object store on the
-        run's first task, and again by an actor that restarted)."""
-        if self.runner is None:
+        run's first task, and again by an actor that restarted; a task of another run, queued
+        behind a reset, hosts its own)."""
+        if self.hosted != federation_box[0].hex():
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy = ClientRunner.of(fed, self.device, self.memory_share), fed.policy
+            self.runner, self.policy, self.hosted = ClientRunner.of(fed, self.device, self.memory_share), fed.policy, federation_box[0].hex()
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:
@@ -128,6 +130,7 @@ class ClientActor:
         ctx = ray.get_runtime_context()
         return {
             "pid": os.getpid(),
+            "hosted": self.hosted,
             "device": self.device,
             "torch_threads": torch.get_num_threads(),
             "gpu_ids": ctx.get_accelerator_ids().get("GPU", []),

@@ -95,6 +95,11 @@ class Duty:
     key: str
 
 
+def same_run(a: Duty, b: Duty) -> bool:
+    """Whether two duties are one run's (its key and its federation in the object store)."""
+    return a.key == b.key and a.federation_box[0].hex() == b.federation_box[0].hex()
+
+
 @ray.remote(max_concurrency=3)
 class Coordinator:
     """The round loop on Ray, for one run at a time. Its constructor takes nothing (Ray restarts
@@ -121,7 +126,7 @@ class Coordinator:
         federation (and its dataset) in the object store for as long as the run, which a
         restarting client needs."""
         with self._lock:
-            if self.fed is None:
+            if self.duty is None or not same_run(self.duty, duty):
                 fed = ray.get(duty.federation_box[0])
                 cfg = fed.config
                 self.executor = RayExecutor(
@@ -175,9 +180,12 @@ class Coordinator:
             notes, self._notes = self._notes, []
         return rows, notes
 
-    def abandon(self) -> None:
-        """Stop the run in progress at its next wait for clients or round end (`Abandoned`)."""
-        self.stop.set()
+    def abandon(self, key: str) -> None:
+        """Stop the run `key` if it is the one in progress, at its next wait for clients or round
+        end (`Abandoned`); a later run that borrowed this host meanwhile is left alone."""
+        with self._lock:
+            if self.duty is not None and self.duty.key == key:
+                self.stop.set()
 
     def reset(self) -> bool:
         """Stop the run in progress, if any, and once it ended forget it (federation, executor,

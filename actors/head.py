@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from rayfl.config import ConfigError
 from rayfl.storage import HOME
 
@@ -30,10 +32,11 @@ def kept() -> dict[str, Any] | None:
         return None
     record = json.loads(RECORD.read_text())
     try:
-        os.kill(record["pid"], 0)
-    except ProcessLookupError:
+        command = psutil.Process(record["pid"]).cmdline()
+    except psutil.Error:  # gone, or another user's process under a reused pid
         return None
-    return record
+    port = record["address"].rsplit(":", 1)[-1]
+    return record if {"start", "--head", "--block", port} <= set(command) else None
 
 
 def joining(address: str | None) -> str | None:

@@ -19,7 +19,7 @@ Without a running cluster (a `rayfl run` that starts its own local cluster) or w
 `ray.pool_idle_s: 0`, a run's actors are its own (`rayfl:<run>:coordinator`,
 `rayfl:<run>:client-<k>`) and are killed when it ends, as are pooled actors that fail to reset.
 
-This module imports Ray and the standard library only: the keeper's process never loads torch.
+This module imports Ray and the standard library only (the keeper needs no torch).
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class Keeper:
         dirty) of each actor."""
         with self.lock:
             self._reclaim()
+            self._send_away([e for e in self.idle if not fresh(e.handle)])  # died, or restarted by Ray (its restarts spent)
             taken: list[Entry] = []
             for kind, count in wants.items():
                 mine = [e for e in reversed(self.idle) if e.kind == kind][:count]
@@ -196,7 +197,7 @@ class Keeper:
             held = self.leases.pop(lease)
             for e in held.entries:
                 if e.kind.startswith("coordinator/"):
-                    e.handle.abandon.remote()
+                    e.handle.abandon.remote(held.run)
                 e.since, e.idle_s, e.dirty = now, held.idle_s, True
             self.idle += held.entries
 
@@ -206,11 +207,11 @@ class Keeper:
             with self.lock:
                 try:
                     self._reclaim()
+                    now = time.monotonic()
+                    self._send_away([e for e in self.idle if now - e.since >= e.idle_s])
+                    self._make_room()
                 except Exception:  # noqa: BLE001 - the GCS busy or restarting: next time
                     pass
-                now = time.monotonic()
-                self._send_away([e for e in self.idle if now - e.since >= e.idle_s])
-                self._make_room()
 
     def _make_room(self) -> None:
         """While a borrower's new actor waits for resources, idle actors hold none."""
@@ -221,6 +222,15 @@ class Keeper:
             e.placed = state.actors(e.handle._actor_id.hex()).get("State") not in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
         if any(not e.placed for e in waiting):
             self._send_away(list(self.idle))
+
+
+def fresh(handle: Any) -> bool:
+    """Whether a pooled actor is alive and was never restarted: a coordinator's restarts are a
+    run's budget (`ray.coordinator_restarts`), never spent by an earlier run."""
+    from ray._private import state
+
+    info = state.actors(handle._actor_id.hex())
+    return info.get("State") == "ALIVE" and int(info.get("NumRestarts", 0)) == 0
 
 
 def alive(who: tuple[str, str]) -> bool:

@@ -76,15 +76,12 @@ def run(
     run_id: str | None = None,
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Run one federation on Ray: a coordinator actor and client actors; returns the summary.
-    With `resume`, continue RUN_DIR from its newest checkpoint. Actors are named after `run_id`
-    (default: RUN_DIR's name). `timings`, when given, receives the seconds of each phase:
-    `build`, `ray_start`, `actors` (started and warmed), `rounds`, `shutdown`.
-
-    Everything that can be wrong with the input (dataset, partition, model, device profile) is
-    checked before Ray starts: the federation is built here, once, and enters the object store
-    once (dataset included), where the coordinator and the client actors read it.
-    """
+    """Run one federation on Ray: a coordinator actor and client actors (on a running cluster
+    borrowed warm from its pool, `actors.warm`; `run_id`, default RUN_DIR's name, names the
+    run); returns the summary. With `resume`, continue RUN_DIR from its newest checkpoint.
+    `timings`, when given, receives the seconds of each phase: `build`, `ray_start`, `actors`
+    (started or borrowed, and warmed), `rounds`, `shutdown`. The whole input is checked before
+    Ray starts: the federation is built here, once, and enters the object store once."""
     phase = Phases(timings)
     run_dir = Path(run_dir or new_run_dir(config))
     fed, start = prepare(config, run_dir, resume)  # the whole input checked; the federation built once

@@ -71,8 +71,8 @@ def _key64(seed: int, purpose: str, part: int = 0) -> np.uint64:
 
 def keyed_uniform(seed: int, purpose: str, clients: np.ndarray) -> np.ndarray:
     """One uniform draw in (0, 1) per client, a function of (seed, purpose, client) only."""
-    bits = _mix64(np.asarray(clients, np.uint64) ^ _key64(seed, purpose)) >> np.uint64(11)
-    return (bits.astype(np.float64) + 0.5) * 2.0**-53
+    bits = _mix64(np.asarray(clients, np.uint64) ^ _key64(seed, purpose)) >> np.uint64(12)
+    return (bits.astype(np.float64) + 0.5) * 2.0**-52  # 52 bits: (2^52 - 0.5) 2^-52 < 1 exactly
 
 
 class KeyedPermutation:

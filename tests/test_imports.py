@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.storage", "rayfl.configbase", "rayfl.config_devices", "rayfl.config", "rayfl.configfile"],
+    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.storage", "rayfl.configbase", "rayfl.config_devices", "rayfl.config_ray", "rayfl.config", "rayfl.configfile"],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
     ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares

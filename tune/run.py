@@ -79,12 +79,14 @@ def bundles(config: RunConfig, coordinator_cpus: float) -> list[dict[str, float]
 
 
 def concurrent_trials(exp: Experiment, cluster: dict[str, float]) -> int:
-    """`max_concurrent_trials`, cut under pooled actors to the trials whose client actors (the
-    base config's) fit the cluster at once."""
+    """`max_concurrent_trials`, cut under pooled actors to the trials whose client actors and
+    driver (`coordinator_cpus`; the base config's, not searched `ray.*` values) fit the cluster at once."""
     config, most = exp.base_config, exp.spec.max_concurrent_trials
     if config.ray.pool_idle_s == 0:
         return most
-    fits = [math.floor(cluster.get(key, 0.0) / (need * num_actors(config)) + 1e-9) for key, need in per_actor(config).items()]
+    trial = {key: need * num_actors(config) for key, need in per_actor(config).items()}
+    trial["CPU"] += exp.spec.coordinator_cpus  # the trial's driver
+    fits = [math.floor(cluster.get(key, 0.0) / need + 1e-9) for key, need in trial.items()]
     return max(1, min([most, *fits]))
 
 

@@ -55,6 +55,8 @@ def test_runs_after_a_diverging_run_and_after_another_algorithm_equal_the_fresh_
     api.run(cfg, tmp_path / "after_sfl")
     assert_equals_fresh(fresh, tmp_path / "after_sfl")
     assert idle_names(ray_cluster) == fresh[1]  # the same actors served every run
+    clients = [ray_cluster.get_actor(name, namespace="rayfl") for name in fresh[1] if ":client-" in name]
+    assert [ray_cluster.get(a.info.remote())["hosted"] for a in clients] == [None, None]  # handed back holding no federation
 
 
 def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(ray_cluster, fresh, tmp_path):
