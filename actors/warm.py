@@ -191,7 +191,10 @@ class Keeper:
 
     def _reclaim(self) -> None:
         """Leases whose borrower died: their coordinators abandon the run, the actors turn idle (dirty)."""
-        dead = [lease for lease, held in self.leases.items() if not alive(held.borrower)]
+        from ray._private import state
+
+        live_jobs = {job["JobID"] for job in state.jobs() if not job["IsDead"]} if any(h.borrower[0] == "job" for h in self.leases.values()) else set()
+        dead = [lease for lease, held in self.leases.items() if not alive(held.borrower, live_jobs)]
         now = time.monotonic()
         for lease in dead:
             held = self.leases.pop(lease)
@@ -233,27 +236,25 @@ def fresh(handle: Any) -> bool:
     return info.get("State") == "ALIVE" and int(info.get("NumRestarts", 0)) == 0
 
 
-def alive(who: tuple[str, str]) -> bool:
-    """Whether the Ray job or actor that borrowed still runs (read from the GCS tables)."""
+def alive(who: tuple[str, str], live_jobs: set[str]) -> bool:
+    """Whether the Ray job (one of `live_jobs`) or actor (read from the GCS's table) that borrowed still runs."""
     from ray._private import state
 
     role, hex_id = who
     if role == "actor":
         return state.actors(hex_id).get("State") not in ("DEAD", None)
-    return any(job["JobID"] == hex_id and not job["IsDead"] for job in state.jobs())
+    return hex_id in live_jobs
 
 
 def keeper(create: bool = True) -> Any:
     """The cluster's keeper (started, detached, when missing and `create`); None when there is none."""
-    try:
-        return ray.get_actor(KEEPER, namespace=NAMESPACE)
-    except ValueError:
-        if not create:
+    if not create:
+        try:
+            return ray.get_actor(KEEPER, namespace=NAMESPACE)
+        except ValueError:
             return None
-    try:  # on the head node, which lives as long as the cluster; restarted (empty) if its process dies
-        return Keeper.options(name=KEEPER, namespace=NAMESPACE, lifetime="detached", scheduling_strategy="DEFAULT", resources={HEAD_RESOURCE: 0.001}, max_restarts=-1, get_if_exists=True).remote()
-    except ValueError:  # started by another run meanwhile
-        return ray.get_actor(KEEPER, namespace=NAMESPACE)
+    # on the head node, which lives as long as the cluster; restarted (empty) if its process dies
+    return Keeper.options(name=KEEPER, namespace=NAMESPACE, lifetime="detached", scheduling_strategy="DEFAULT", resources={HEAD_RESOURCE: 0.001}, max_restarts=-1, get_if_exists=True).remote()
 
 
 def pool_command(action: str) -> str:

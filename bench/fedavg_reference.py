@@ -118,8 +118,7 @@ def main() -> None:
     runs = {}
     from actors import head
 
-    was_up = head.kept() is not None
-    if was_up:
+    if head.kept() is not None:
         sys.exit("bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra, flags in (RUNS[r] for r in args.runs):

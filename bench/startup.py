@@ -36,8 +36,8 @@ SIDES = {  # label -> (--one mode, measured while the warm head is up)
     "in process (--local)": ("local", False),
     "cold local cluster": ("ray", False),
     "in process, beside the warm head": ("local", True),
-    "warm cluster, cold pool": ("address", True),
-    "warm pool": ("address", True),
+    "warm cluster, cold pool": ("ray", True),
+    "warm pool": ("ray", True),
 }
 
 
@@ -74,9 +74,9 @@ def timed(mode: str, sets: list[str], address: str | None) -> tuple[float, dict]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of the four runs; medians are printed")
+    parser.add_argument("--repeat", type=int, default=3, help="times each run is measured; medians are printed")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--one", choices=["local", "ray", "address"], help=argparse.SUPPRESS)
+    parser.add_argument("--one", choices=["local", "ray"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sets = [*BASE, f"federation.rounds={args.rounds}", *args.set]
@@ -86,7 +86,8 @@ def main() -> None:
 
     from actors import head
 
-    was_up = head.kept() is not None
+    if head.kept() is not None:
+        sys.exit("bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
     walls: dict[str, list[float]] = {side: [] for side in SIDES}
     parts: dict[str, list[dict]] = {side: [] for side in SIDES}
 
@@ -95,8 +96,6 @@ def main() -> None:
         walls[side].append(wall)
         parts[side].append(timings)
 
-    if was_up:
-        sys.exit("bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
     for _ in range(args.repeat):  # no other cluster on the machine
         measure("in process (--local)", None)
         measure("cold local cluster", None)
@@ -127,6 +126,7 @@ def main() -> None:
         named = [{**p, "rounds": p.get("rounds", p.get("run"))} for p in parts[side]]  # in process: its whole run under rounds
         cells = [f"{statistics.median(p[k] for p in named):.2f}" if k in named[0] else "-" for k in phases]
         print(f"| {side} | {wall:.2f} | {wall - local:+.2f} | {' | '.join(cells)} |")
+
 
 if __name__ == "__main__":
     main()
