@@ -3,7 +3,7 @@
 Runs one small configuration per system (FedAvg, FedProx sequential and vectorized, FedAdam,
 FedYogi, HeteroFL, FeDepth, FedSup, E-FedSup, InclusiveFL, DepthFL, MergeSFL, typical split FL,
 SplitMix, Ditto with personalization, LG-FedAvg vectorized, PyramidFL, the width and depth
-ExclusiveFL baselines) and two whose clients fail (every client diverging; clients with no
+ExclusiveFL baselines; deadline rounds dropping and carrying late updates, FedBuff and FedAsync) and two whose clients fail (every client diverging; clients with no
 sample or one, skipped or failed) in process, each into OUT/<name>/. With `--against REF`, every run's
 `metrics.parquet` is compared with REF/<name>/ (all but the wall-clock column), and so is
 `clients.parquet` over the columns both have (the columns one of them lacks are listed); the
@@ -45,6 +45,12 @@ CONFIGS = {
     "exclusivefl_depth": ["algorithm.name=exclusivefl_depth", "devices.profile=mobile"],
     "lgfedavg_vectorized": ["algorithm.name=lgfedavg", "model.name=mlp", "ray.vectorize=3"],
     "pyramidfl": ["algorithm.name=pyramidfl"],
+    "deadline_drop": ["federation.mode=deadline", "federation.deadline.target_clients=6"],
+    "deadline_carry": ["federation.mode=deadline", "federation.deadline.target_clients=6", "federation.deadline.late=carry"],
+    "fedadam_deadline_carry": ["algorithm.name=fedadam", "federation.mode=deadline", "federation.deadline.target_clients=6", "federation.deadline.late=carry"],
+    "fedbuff": ["federation.mode=async", "federation.async.buffer_size=4"],
+    "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.rounds=6"],
+    "heterofl_fedbuff": ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.mode=async", "federation.async.buffer_size=4"],
     "diverging": ["model.name=mlp", "federation.lr=1e6"],
     "skipped_and_failed": ["data.num_clients=2000", "data.partition={kind: dirichlet, min_size: 0}"],
 }
