@@ -15,7 +15,6 @@ from ray.exceptions import AuthenticationError
 from rayfl.config import ConfigError
 from rayfl.configbase import shown
 
-
 PROBE_S = 5.0
 """Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
 
@@ -29,7 +28,9 @@ def probe(address: str) -> None:
     if address in ("auto", "local"):
         return
     if address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379")
+        raise ConfigError(
+            f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379"
+        )
     client = address.startswith("ray://")
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not port.isdigit():
@@ -37,7 +38,9 @@ def probe(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
     except OSError as exc:
-        raise ConfigError(f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?") from None
+        raise ConfigError(
+            f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?"
+        ) from None
     if client:
         return
     from ray._raylet import GcsClient  # the client ray.init itself makes first (its failures log C++ lines: silenced)
@@ -54,7 +57,9 @@ def probe(address: str) -> None:
             "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
         )
     if error is not None:
-        raise ConfigError(f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s")
+        raise ConfigError(
+            f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s"
+        )
 
 
 def _gcs_error(gcs_client: Callable[..., Any], address: str) -> BaseException | None:

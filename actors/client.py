@@ -19,12 +19,11 @@ import numpy as np
 import ray
 import torch
 
+from actors.warm import NAMESPACE
 from rayfl.algorithms.exchange import invoke
 from rayfl.algorithms.messages import ClientResult, ClientTask
 from rayfl.config import RunConfig
 from rayfl.types import Weights
-
-from actors.warm import NAMESPACE
 
 
 def torch_threads_for(cpus: float) -> int:
@@ -34,7 +33,12 @@ def torch_threads_for(cpus: float) -> int:
 
 def rng_states(device: str) -> tuple:
     """The global RNGs' states (Python's, numpy's, torch's, and CUDA's on `device` cuda)."""
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all() if device == "cuda" else None
+    return (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if device == "cuda" else None,
+    )
 
 
 def restore_rng_states(states: tuple) -> None:
@@ -82,7 +86,11 @@ class ClientActor:
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy, self.hosted = ClientRunner.of(fed, self.device, self.memory_share), fed.policy, federation_box[0].hex()
+            self.runner, self.policy, self.hosted = (
+                ClientRunner.of(fed, self.device, self.memory_share),
+                fed.policy,
+                federation_box[0].hex(),
+            )
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:
@@ -111,7 +119,9 @@ class ClientActor:
     # A server-in-the-loop round: a client's session stays on this actor for the round.
 
     def open_session(self, federation_box: list, task: ClientTask, weights: Weights) -> None:
-        self.sessions[task.client_id] = self.hosting(federation_box).open_session(dataclasses.replace(task, weights=weights))
+        self.sessions[task.client_id] = self.hosting(federation_box).open_session(
+            dataclasses.replace(task, weights=weights)
+        )
 
     def session_calls(self, method: str, calls: list[tuple[int, tuple]]) -> list[Any]:
         """`method` on this actor's sessions, in the order given: (client id, arguments) each."""
@@ -146,7 +156,13 @@ def create_client_actors(config: RunConfig, names: list[str], pooled: bool) -> l
     client procedure) from the object store with its run's first task: no constructor argument
     lives in the object store, which Ray cannot guarantee across restarts (ray-project/ray#53727)."""
     ray_cfg = config.ray
-    options: dict[str, Any] = dict(num_cpus=ray_cfg.cpus_per_actor, num_gpus=ray_cfg.gpus_per_actor, max_restarts=-1, max_task_retries=0, namespace=NAMESPACE)
+    options: dict[str, Any] = dict(
+        num_cpus=ray_cfg.cpus_per_actor,
+        num_gpus=ray_cfg.gpus_per_actor,
+        max_restarts=-1,
+        max_task_retries=0,
+        namespace=NAMESPACE,
+    )
     if pooled:
         options.update(lifetime="detached", scheduling_strategy="DEFAULT")
     threads = torch_threads_for(ray_cfg.cpus_per_actor)

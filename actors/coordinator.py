@@ -45,21 +45,44 @@ class DashboardMetrics:
         "rayfl_test_loss": ("test loss of the global model (evaluated rounds)", "test_loss"),
         "rayfl_train_loss": ("mean training loss of the round's accepted clients", "train_loss"),
         "rayfl_virtual_time_s": ("virtual clock at the end of the round, seconds", "virtual_time_s"),
-        "rayfl_round_virtual_s": ("the round's duration on the virtual clock (its slowest client), seconds", "round_time_s"),
+        "rayfl_round_virtual_s": (
+            "the round's duration on the virtual clock (its slowest client), seconds",
+            "round_time_s",
+        ),
         "rayfl_mean_wait_s": ("the round's mean client waiting time on the virtual clock, seconds", "mean_wait_s"),
-        "rayfl_mean_staleness": ("mean staleness (server steps) of the updates a deadline or async step aggregated", "mean_staleness"),
-        "rayfl_max_staleness": ("largest staleness (server steps) of the updates a deadline or async step aggregated", "max_staleness"),
+        "rayfl_mean_staleness": (
+            "mean staleness (server steps) of the updates a deadline or async step aggregated",
+            "mean_staleness",
+        ),
+        "rayfl_max_staleness": (
+            "largest staleness (server steps) of the updates a deadline or async step aggregated",
+            "max_staleness",
+        ),
     }
-    ROUND_WALL = ("rayfl_round_wall_s", "wall seconds between this round's row and the previous one (rounds overlap with evaluation)")
+    ROUND_WALL = (
+        "rayfl_round_wall_s",
+        "wall seconds between this round's row and the previous one (rounds overlap with evaluation)",
+    )
     ACTORS_ALIVE = ("rayfl_actors_alive", "client actors whose last call did not die")
     BYTES = ("rayfl_bytes", "bytes exchanged with clients since this coordinator started")
-    CLIENTS = ("rayfl_clients", "selected clients by outcome (status: ok, failed, rejected, skipped, late) since this coordinator started")
-    OUTCOMES = {"ok": "num_clients", "failed": "num_failed", "rejected": "num_rejected", "skipped": "num_skipped", "late": "num_late"}
+    CLIENTS = (
+        "rayfl_clients",
+        "selected clients by outcome (status: ok, failed, rejected, skipped, late) since this coordinator started",
+    )
+    OUTCOMES = {
+        "ok": "num_clients",
+        "failed": "num_failed",
+        "rejected": "num_rejected",
+        "skipped": "num_skipped",
+        "late": "num_late",
+    }
 
     def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):
         self.tags = {"run_id": run_id, "algorithm": algorithm}
         self.wall_time_s = wall_time_s  # the run's wall clock at the previous row
-        self.gauges = {name: ray_metrics.Gauge(name, text, tag_keys=self.TAGS) for name, (text, _) in self.GAUGES.items()}
+        self.gauges = {
+            name: ray_metrics.Gauge(name, text, tag_keys=self.TAGS) for name, (text, _) in self.GAUGES.items()
+        }
         self.round_wall = ray_metrics.Gauge(*self.ROUND_WALL, tag_keys=self.TAGS)
         self.actors_alive = ray_metrics.Gauge(*self.ACTORS_ALIVE, tag_keys=self.TAGS)
         self.bytes = ray_metrics.Counter(*self.BYTES, tag_keys=self.TAGS)
@@ -81,7 +104,6 @@ class DashboardMetrics:
 
 
 log = logging.getLogger("rayfl")
-
 
 
 @dataclass(frozen=True)
@@ -130,8 +152,13 @@ class Coordinator:
                 fed = ray.get(duty.federation_box[0])
                 cfg = fed.config
                 self.executor = RayExecutor(
-                    duty.clients, duty.federation_box[0], fed.policy, timeout_s=cfg.ray.actor_timeout_s,
-                    max_failed_fraction=cfg.federation.max_failed_fraction, report=self._note, stop=self.stop,
+                    duty.clients,
+                    duty.federation_box[0],
+                    fed.policy,
+                    timeout_s=cfg.ray.actor_timeout_s,
+                    max_failed_fraction=cfg.federation.max_failed_fraction,
+                    report=self._note,
+                    stop=self.stop,
                 )
                 self.fed, self.duty = fed, duty
         return self.fed
@@ -158,7 +185,9 @@ class Coordinator:
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
             elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-            self.metrics = DashboardMetrics(duty.key, fed.config.algorithm.name, elapsed)  # the key: two runs' series never mix
+            self.metrics = DashboardMetrics(
+                duty.key, fed.config.algorithm.name, elapsed
+            )  # the key: two runs' series never mix
             with torch_threads():
                 return run_federation(fed, self.executor, duty.run_dir, start, self._on_round)
 
@@ -209,7 +238,15 @@ def coordinator_options(config: RunConfig, name: str, pooled: bool) -> dict[str,
     placed_by_group = not pooled and ray.util.get_current_placement_group() is not None
     resources = {} if node == "any" or placed_by_group else {HEAD_RESOURCE if node == "head" else node: 0.001}
     where = dict(lifetime="detached", scheduling_strategy="DEFAULT") if pooled else {}
-    return dict(name=name, namespace=NAMESPACE, num_cpus=0, resources=resources, max_restarts=config.ray.coordinator_restarts, max_task_retries=0, **where)
+    return dict(
+        name=name,
+        namespace=NAMESPACE,
+        num_cpus=0,
+        resources=resources,
+        max_restarts=config.ray.coordinator_restarts,
+        max_task_retries=0,
+        **where,
+    )
 
 
 def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
@@ -233,7 +270,9 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
                     last = max(last, row["round"])
             return ray.get(done)
         except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
-            log.warning("the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR")
+            log.warning(
+                "the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR"
+            )
             wait_until_answers(coordinator, timeout_s)
             begin = None
 
@@ -247,5 +286,7 @@ def wait_until_answers(actor: Any, timeout_s: float) -> None:
             return
         except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
             if time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s") from None
+                raise RuntimeError(
+                    f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s"
+                ) from None
             time.sleep(0.5)

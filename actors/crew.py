@@ -65,9 +65,15 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
     dead run left behind are reset first (its coordinator was told to stop: its reset waits for
     that, before the clients are reset behind any task still running on them)."""
     ray_cfg = config.ray
-    kind_coordinator, kind_client = warm.kinds(ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, ray_cfg.coordinator_node, ray_cfg.coordinator_restarts)
+    kind_coordinator, kind_client = warm.kinds(
+        ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, ray_cfg.coordinator_node, ray_cfg.coordinator_restarts
+    )
     lease = secrets.token_hex(8)
-    key, taken = ray.get(keeper.take.remote(lease, warm.borrower(), run_id, ray_cfg.pool_idle_s, {kind_coordinator: 1, kind_client: count}))
+    key, taken = ray.get(
+        keeper.take.remote(
+            lease, warm.borrower(), run_id, ray_cfg.pool_idle_s, {kind_coordinator: 1, kind_client: count}
+        )
+    )
     try:
         return completed(config, taken, count, keeper, lease, key, (kind_coordinator, kind_client))
     except BaseException:  # the lease ends with the error: its actors leave (never handed back half reset)
@@ -75,7 +81,9 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
         raise
 
 
-def completed(config: RunConfig, taken: list, count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]) -> Crew:
+def completed(
+    config: RunConfig, taken: list, count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]
+) -> Crew:
     """The crew from the pool's actors `taken`, and new ones for what they lack (joined to the lease)."""
     kind_coordinator, kind_client = kinds
     coordinator = [(name, handle, dirty) for kind, name, handle, dirty in taken if kind == kind_coordinator]

@@ -66,7 +66,16 @@ def up(num_cpus: int | None, num_gpus: int | None, dashboard: bool, timeout_s: f
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dash = free_port(), free_port()
-    cmd = ["ray", "start", "--head", "--block", "--port", str(port), "--disable-usage-stats", f"--include-dashboard={str(dashboard).lower()}"]
+    cmd = [
+        "ray",
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--disable-usage-stats",
+        f"--include-dashboard={str(dashboard).lower()}",
+    ]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
     cmd += ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
     cmd += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
@@ -74,7 +83,12 @@ def up(num_cpus: int | None, num_gpus: int | None, dashboard: bool, timeout_s: f
     log = RECORD.with_name("head.log")
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    record = {"address": f"127.0.0.1:{port}", "pid": proc.pid, "dashboard": f"http://127.0.0.1:{dash}" if dashboard else None, "log": str(log)}
+    record = {
+        "address": f"127.0.0.1:{port}",
+        "pid": proc.pid,
+        "dashboard": f"http://127.0.0.1:{dash}" if dashboard else None,
+        "log": str(log),
+    }
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:

@@ -64,11 +64,17 @@ def check_fits(config: RunConfig, count: int, cluster: Mapping[str, float], most
         need, have = count * each, float(limit.get(key, 0))
         if need > have + 1e-9:
             grows = "" if most is None else " even at its largest"
-            raise ConfigError(f"ray.num_actors: {count} client actors x {each:g} {key} need {need:g} {key}; the cluster has {have:g}{grows}")
+            raise ConfigError(
+                f"ray.num_actors: {count} client actors x {each:g} {key} need {need:g} {key}; the cluster has {have:g}{grows}"
+            )
 
 
 def wait_for_actors(
-    actors: Sequence[ray.actor.ActorHandle], timeout_s: float, report: Callable[[str], None], every_s: float = 5.0, federation_ref: ray.ObjectRef | None = None
+    actors: Sequence[ray.actor.ActorHandle],
+    timeout_s: float,
+    report: Callable[[str], None],
+    every_s: float = 5.0,
+    federation_ref: ray.ObjectRef | None = None,
 ) -> None:
     """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
     reporting what is still pending every `every_s` seconds (actors that fit the cluster may wait
@@ -87,19 +93,25 @@ def wait_for_actors(
             except ActorUnavailableError:  # killed while it warmed up, or restarting: ask it again
                 owner[call(actor)] = actor
             except RayActorError as exc:  # dead for good (its constructor failed, or no restarts left)
-                raise RuntimeError(f"client actor {actors.index(actor)} died while starting ({type(exc).__name__})") from None
+                raise RuntimeError(
+                    f"client actor {actors.index(actor)} died while starting ({type(exc).__name__})"
+                ) from None
         if not owner:
             return
         waited = time.monotonic() - started
         available = ray.available_resources()
         free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
         if waited >= timeout_s:
-            raise RuntimeError(f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})")
+            raise RuntimeError(
+                f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})"
+            )
         if time.monotonic() - reported >= every_s:
             reported = time.monotonic()
             unplaced = sum(not placed(a) for a in owner.values())  # the others are placed, starting or warming up
             if unplaced:
-                report(f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)")
+                report(
+                    f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)"
+                )
 
 
 def placed(actor: ray.actor.ActorHandle) -> bool:
@@ -170,7 +182,9 @@ class RayExecutor:
                 refs[id(task.weights)] = ray.put(dict(task.weights))
         return refs
 
-    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+    def submit(
+        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+    ) -> Callable[[], list[GroupOutcome]]:
         """Send the first groups to the idle actors now; the returned call feeds the rest to actors
         as they free up and returns every group's outcome in group order."""
         work = _Dispatch(self, groups, pace)
@@ -188,13 +202,19 @@ class RayExecutor:
         waiting = list(actors)
         while waiting:
             try:  # bounded: a call to an actor Ray cannot place again (its node gone) waits forever
-                ray.get([a.ready.remote() for a in waiting], timeout=max(1.0, self.timeout_s - (time.monotonic() - started)))
+                ray.get(
+                    [a.ready.remote() for a in waiting], timeout=max(1.0, self.timeout_s - (time.monotonic() - started))
+                )
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 now = time.monotonic()
                 if now - started > self.timeout_s:
-                    raise PoolLost(f"client actors did not answer within ray.actor_timeout_s = {self.timeout_s:g} s") from None
+                    raise PoolLost(
+                        f"client actors did not answer within ray.actor_timeout_s = {self.timeout_s:g} s"
+                    ) from None
                 if now - reported >= 5.0:
-                    self.report(f"waiting {now - started:.0f} s for Ray to restart client actors (ray.actor_timeout_s = {self.timeout_s:g} s)")
+                    self.report(
+                        f"waiting {now - started:.0f} s for Ray to restart client actors (ray.actor_timeout_s = {self.timeout_s:g} s)"
+                    )
                     reported = now
                 time.sleep(0.5)
                 continue
@@ -214,7 +234,10 @@ class RayExecutor:
         for attempt in range(1, self.max_attempts + 1):
             homes = [(actor, t.client_id) for actor, t in zip(itertools.cycle(self.answering()), tasks)]
             relay = ActorRelay(homes)
-            relay.pending = [a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)]) for (a, _), t in zip(homes, tasks)]
+            relay.pending = [
+                a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)])
+                for (a, _), t in zip(homes, tasks)
+            ]
             try:
                 driver.drive(relay)
                 ray.get(relay.pending)
@@ -224,8 +247,12 @@ class RayExecutor:
             except RayActorError as exc:
                 self.down |= {id(a) for a, _ in homes}
                 if attempt == self.max_attempts:
-                    raise PoolLost(f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})") from None
-                self.report(f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running the round's exchange again")
+                    raise PoolLost(
+                        f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})"
+                    ) from None
+                self.report(
+                    f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running the round's exchange again"
+                )
                 driver.__dict__.update(copy.deepcopy(start))
         raise AssertionError("unreachable")
 
@@ -261,7 +288,10 @@ class ActorRelay:
 
     def send(self, method: str, args: Sequence[tuple] | None) -> list[ray.ObjectRef]:
         per = per_session(args, len(self.homes), method)
-        return [actor.session_calls.remote(method, [(self.homes[p][1], per[p]) for p in positions]) for actor, positions in self.by_actor.items()]
+        return [
+            actor.session_calls.remote(method, [(self.homes[p][1], per[p]) for p in positions])
+            for actor, positions in self.by_actor.items()
+        ]
 
     def call(self, method: str, args: Sequence[tuple] | None = None) -> list[Any]:
         refs = self.send(method, args)
@@ -288,8 +318,12 @@ class _Dispatch:
         self.pending = deque(enumerate(groups))
         self.idle = deque(a for a in executor.actors if id(a) not in executor.down)
         self.idle.rotate(-executor.turn)
-        self.probes: list[tuple[float, ray.actor.ActorHandle]] = [(0.0, a) for a in executor.actors if id(a) in executor.down]  # (when, actor)
-        self.inflight: dict[ray.ObjectRef, tuple[str, ray.actor.ActorHandle, int, float]] = {}  # kind, actor, group, sent at
+        self.probes: list[tuple[float, ray.actor.ActorHandle]] = [
+            (0.0, a) for a in executor.actors if id(a) in executor.down
+        ]  # (when, actor)
+        self.inflight: dict[
+            ray.ObjectRef, tuple[str, ray.actor.ActorHandle, int, float]
+        ] = {}  # kind, actor, group, sent at
         self.attempts: dict[int, int] = {}  # tries per group, each on an actor that had answered
         self.lost: set[int] = set()  # groups that used up their tries
         self.runs = 1  # runs of the lost groups
@@ -307,7 +341,9 @@ class _Dispatch:
             actor = self.idle.popleft()
             light = [dataclasses.replace(t, weights={}) for t in group]
             weights = [self.refs[id(t.weights)] for t in group]
-            call = actor.run_group.options(name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}")
+            call = actor.run_group.options(
+                name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}"
+            )
             self.inflight[call.remote(self.ex.box, light, weights)] = ("group", actor, k, now)
 
     def busy(self) -> bool:
@@ -344,7 +380,12 @@ class _Dispatch:
                 self.out[k] = outcome
                 hold = self.pace(outcome) - (time.monotonic() - sent) if self.pace is not None else 0.0
                 if hold > 0:
-                    self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = ("hold", actor, k, 0.0)
+                    self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = (
+                        "hold",
+                        actor,
+                        k,
+                        0.0,
+                    )
                     continue
             self.idle.append(actor)  # a group done, a pacing hold ended, or a probe answered (the actor rejoins)
         return [self.out[k] for k in range(len(self.groups))]
@@ -366,12 +407,18 @@ class _Dispatch:
         rnd, fraction = self.groups[min(self.lost)][0].round, self.ex.max_failed_fraction
         if lost <= fraction * total:
             for k in self.lost:
-                self.out[k] = self.ex.failed(self.groups[k], f"client actors died {self.ex.max_attempts} times running it")
+                self.out[k] = self.ex.failed(
+                    self.groups[k], f"client actors died {self.ex.max_attempts} times running it"
+                )
             self.lost.clear()
             return False
         if self.runs == self.ex.max_attempts:
-            raise PoolLost(f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs (federation.max_failed_fraction = {fraction:g})")
-        self.ex.report(f"round {rnd}: {lost} of {total} clients lost to dying client actors (more than federation.max_failed_fraction = {fraction:g}): running them again")
+            raise PoolLost(
+                f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs (federation.max_failed_fraction = {fraction:g})"
+            )
+        self.ex.report(
+            f"round {rnd}: {lost} of {total} clients lost to dying client actors (more than federation.max_failed_fraction = {fraction:g}): running them again"
+        )
         self.runs += 1
         for k in sorted(self.lost):
             self.attempts[k] = 0
@@ -389,7 +436,11 @@ class _Dispatch:
             self.starved = self.reported = now
         waited = now - self.starved
         if waited > self.ex.timeout_s:
-            raise PoolLost(f"no client actor answered for {waited:.0f} s (ray.actor_timeout_s = {self.ex.timeout_s:g} s)")
+            raise PoolLost(
+                f"no client actor answered for {waited:.0f} s (ray.actor_timeout_s = {self.ex.timeout_s:g} s)"
+            )
         if now - self.reported >= 5.0:
-            self.ex.report(f"no client actor answers: waiting {waited:.0f} s for Ray to restart or replace them (ray.actor_timeout_s = {self.ex.timeout_s:g} s)")
+            self.ex.report(
+                f"no client actor answers: waiting {waited:.0f} s for Ray to restart or replace them (ray.actor_timeout_s = {self.ex.timeout_s:g} s)"
+            )
             self.reported = now

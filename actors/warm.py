@@ -113,14 +113,18 @@ class Keeper:
         self.leases: dict[str, Lease] = {}
         threading.Thread(target=self._reap_forever, daemon=True).start()
 
-    def take(self, lease: str, who: tuple[str, str], run: str, idle_s: float, wants: dict[str, int]) -> tuple[str, list[tuple[str, str, Any, bool]]]:
+    def take(
+        self, lease: str, who: tuple[str, str], run: str, idle_s: float, wants: dict[str, int]
+    ) -> tuple[str, list[tuple[str, str, Any, bool]]]:
         """Up to `wants[kind]` idle actors of each kind, booked under `lease`; where the pool is
         short, idle actors of other kinds are sent away to free their resources. Returns the
         run's key (`run`, with a suffix when a live lease has that name) and (kind, name, handle,
         dirty) of each actor."""
         with self.lock:
             self._reclaim()
-            self._send_away([e for e in self.idle if not fresh(e.handle)])  # died, or restarted by Ray (its restarts spent)
+            self._send_away(
+                [e for e in self.idle if not fresh(e.handle)]
+            )  # died, or restarted by Ray (its restarts spent)
             taken: list[Entry] = []
             for kind, count in wants.items():
                 mine = [e for e in reversed(self.idle) if e.kind == kind][:count]
@@ -136,7 +140,9 @@ class Keeper:
     def join(self, lease: str, entries: list[tuple[str, str, Any, dict[str, float]]]) -> None:
         """Actors the borrower started (the pool was short) join its lease."""
         with self.lock:
-            self.leases[lease].entries += [Entry(kind, name, handle, resources, placed=False) for kind, name, handle, resources in entries]
+            self.leases[lease].entries += [
+                Entry(kind, name, handle, resources, placed=False) for kind, name, handle, resources in entries
+            ]
 
     def give_back(self, lease: str, clean: list[str]) -> bool:
         """The lease ends: the actors named in `clean` (reset by the borrower) become idle; the
@@ -171,8 +177,19 @@ class Keeper:
             self._reclaim()
             now = time.monotonic()
             return {
-                "idle": [{"kind": e.kind, "name": e.name, "idle_s": now - e.since, "leaves_in_s": max(0.0, e.idle_s - (now - e.since))} for e in self.idle],
-                "leased": [{"run": held.run, "borrower": ":".join(held.borrower), "actors": [e.name for e in held.entries]} for held in self.leases.values()],
+                "idle": [
+                    {
+                        "kind": e.kind,
+                        "name": e.name,
+                        "idle_s": now - e.since,
+                        "leaves_in_s": max(0.0, e.idle_s - (now - e.since)),
+                    }
+                    for e in self.idle
+                ],
+                "leased": [
+                    {"run": held.run, "borrower": ":".join(held.borrower), "actors": [e.name for e in held.entries]}
+                    for held in self.leases.values()
+                ],
             }
 
     def drain(self) -> tuple[int, int]:
@@ -193,7 +210,11 @@ class Keeper:
         """Leases whose borrower died: their coordinators abandon the run, the actors turn idle (dirty)."""
         from ray._private import state
 
-        live_jobs = {job["JobID"] for job in state.jobs() if not job["IsDead"]} if any(h.borrower[0] == "job" for h in self.leases.values()) else set()
+        live_jobs = (
+            {job["JobID"] for job in state.jobs() if not job["IsDead"]}
+            if any(h.borrower[0] == "job" for h in self.leases.values())
+            else set()
+        )
         dead = [lease for lease, held in self.leases.items() if not alive(held.borrower, live_jobs)]
         now = time.monotonic()
         for lease in dead:
@@ -222,7 +243,10 @@ class Keeper:
 
         waiting = [e for held in self.leases.values() for e in held.entries if not e.placed]
         for e in waiting:
-            e.placed = state.actors(e.handle._actor_id.hex()).get("State") not in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+            e.placed = state.actors(e.handle._actor_id.hex()).get("State") not in (
+                "PENDING_CREATION",
+                "DEPENDENCIES_UNREADY",
+            )
         if any(not e.placed for e in waiting):
             self._send_away(list(self.idle))
 
@@ -254,7 +278,15 @@ def keeper(create: bool = True) -> Any:
         except ValueError:
             return None
     # on the head node, which lives as long as the cluster; restarted (empty) if its process dies
-    return Keeper.options(name=KEEPER, namespace=NAMESPACE, lifetime="detached", scheduling_strategy="DEFAULT", resources={HEAD_RESOURCE: 0.001}, max_restarts=-1, get_if_exists=True).remote()
+    return Keeper.options(
+        name=KEEPER,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        scheduling_strategy="DEFAULT",
+        resources={HEAD_RESOURCE: 0.001},
+        max_restarts=-1,
+        get_if_exists=True,
+    ).remote()
 
 
 def pool_command(action: str) -> str:
@@ -269,7 +301,9 @@ def pool_command(action: str) -> str:
     status = ray.get(keep.status.remote())
     lines = [f"{len(status['idle'])} idle, {sum(len(held['actors']) for held in status['leased'])} leased"]
     for e in status["idle"]:
-        lines.append(f"  idle    {e['name']}  {e['kind']}  idle {e['idle_s']:.0f} s, leaves in {e['leaves_in_s']:.0f} s")
+        lines.append(
+            f"  idle    {e['name']}  {e['kind']}  idle {e['idle_s']:.0f} s, leaves in {e['leaves_in_s']:.0f} s"
+        )
     for held in status["leased"]:
         lines += [f"  leased  {name}  run {held['run']} ({held['borrower']})" for name in held["actors"]]
     return "\n".join(lines)

@@ -20,8 +20,16 @@ from pathlib import Path
 import pandas as pd
 
 BASE = [
-    "data.num_clients=40", "federation.local_epochs=3", "federation.mode=async", "federation.async.concurrency=20", "federation.async.buffer_size=10",
-    "federation.checkpoint_every=0", "ray.dashboard=false", "ray.cpus_per_actor=1", "ray.clients_per_call=2", "metrics.tensorboard=false",
+    "data.num_clients=40",
+    "federation.local_epochs=3",
+    "federation.mode=async",
+    "federation.async.concurrency=20",
+    "federation.async.buffer_size=10",
+    "federation.checkpoint_every=0",
+    "ray.dashboard=false",
+    "ray.cpus_per_actor=1",
+    "ray.clients_per_call=2",
+    "metrics.tensorboard=false",
 ]
 
 
@@ -37,14 +45,22 @@ def main() -> None:
     tables, rates = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for actors in (1, 2):
-            sets = [*BASE, f"federation.rounds={args.steps}", f"federation.eval_every={args.steps}", f"ray.num_actors={actors}", *args.set]
+            sets = [
+                *BASE,
+                f"federation.rounds={args.steps}",
+                f"federation.eval_every={args.steps}",
+                f"ray.num_actors={actors}",
+                *args.set,
+            ]
             timings: dict[str, float] = {}
             out = Path(tmp) / f"actors{actors}"
             api.run(load_config(None, sets), out, timings=timings)
             clients = pd.read_parquet(out / "clients.parquet")
             tables[actors] = clients
             rates[actors] = len(clients) / timings["rounds"]
-            print(f"{actors} actor(s): {len(clients)} clients in {timings['rounds']:.1f} s of rounds: {rates[actors]:.1f} clients/s")
+            print(
+                f"{actors} actor(s): {len(clients)} clients in {timings['rounds']:.1f} s of rounds: {rates[actors]:.1f} clients/s"
+            )
     pd.testing.assert_frame_equal(tables[1], tables[2])
     print(f"2 actors / 1 actor: {rates[2] / rates[1]:.2f}x (identical tables)")
 

@@ -26,7 +26,11 @@ from pathlib import Path
 TARGET = 0.85
 MODES = {
     "sync FedAvg": [],
-    "deadline FedAvg": ["federation.mode=deadline", "federation.deadline.target_clients=10", "federation.deadline.over_selection=0.3"],
+    "deadline FedAvg": [
+        "federation.mode=deadline",
+        "federation.deadline.target_clients=10",
+        "federation.deadline.over_selection=0.3",
+    ],
     "FedBuff": ["federation.mode=async", "federation.async.concurrency=10", "federation.async.buffer_size=5"],
 }
 AVAILABILITY = {
@@ -41,11 +45,22 @@ def config(mode: str, availability: str, rounds: int, seed: int, trace: str):
 
     steps = rounds * 2 if mode == "FedBuff" else rounds  # a FedBuff step aggregates 5 updates, a round 10
     sets = [s.replace("TRACE", trace) for s in AVAILABILITY[availability]]
-    return load_config(None, [
-        "data.num_clients=100", "data.partition={kind: dirichlet, alpha: 1.0}", "federation.clients_per_round=10",
-        f"federation.rounds={steps}", f"federation.eval_every={max(steps // 20, 1)}", f"federation.target_accuracy={TARGET}",
-        "federation.checkpoint_every=0", "metrics.tensorboard=false", f"seed={seed}", *MODES[mode], *sets,
-    ])
+    return load_config(
+        None,
+        [
+            "data.num_clients=100",
+            "data.partition={kind: dirichlet, alpha: 1.0}",
+            "federation.clients_per_round=10",
+            f"federation.rounds={steps}",
+            f"federation.eval_every={max(steps // 20, 1)}",
+            f"federation.target_accuracy={TARGET}",
+            "federation.checkpoint_every=0",
+            "metrics.tensorboard=false",
+            f"seed={seed}",
+            *MODES[mode],
+            *sets,
+        ],
+    )
 
 
 def one(job: tuple[str, str, int, int, str, str]) -> str:
@@ -83,7 +98,9 @@ def main() -> None:
     compare.plot(groups, out, names=labels)
     (out / "devices.md").write_text(text + "\n")
     frame.to_csv(out / "devices.csv", index=False)
-    print(f"digits, 100 clients, {args.rounds} rounds (FedBuff {2 * args.rounds} steps), seeds 0..{args.seeds - 1}; target {TARGET}")
+    print(
+        f"digits, 100 clients, {args.rounds} rounds (FedBuff {2 * args.rounds} steps), seeds 0..{args.seeds - 1}; target {TARGET}"
+    )
     print(text)
 
 

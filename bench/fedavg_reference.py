@@ -70,7 +70,9 @@ def plain_loop(rounds: int) -> dict:
     loop_start = time.perf_counter()
     acc = 0.0
     for rnd in range(1, rounds + 1):
-        chosen = sorted(rng.generator(seed, "select", rnd).choice(np.arange(len(parts)), fed.clients_per_round, replace=False))
+        chosen = sorted(
+            rng.generator(seed, "select", rnd).choice(np.arange(len(parts)), fed.clients_per_round, replace=False)
+        )
         global_state = {k: v.clone() for k, v in model.state_dict().items()}
         total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
         n_total = 0
@@ -106,7 +108,13 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="which rayfl runs (a machine without the dashboard's packages: leave out dashboard)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        choices=list(RUNS),
+        default=list(RUNS),
+        help="which rayfl runs (a machine without the dashboard's packages: leave out dashboard)",
+    )
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
@@ -119,7 +127,9 @@ def main() -> None:
     from actors import head
 
     if head.kept() is not None:
-        sys.exit("bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
+        sys.exit(
+            "bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra, flags in (RUNS[r] for r in args.runs):
             sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
@@ -127,7 +137,10 @@ def main() -> None:
             if "WARM" not in flags:
                 wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
             else:  # the head started for this run alone; an untimed run of the workload leaves its pool warm
-                flags = [head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if f == "WARM" else f for f in flags]
+                flags = [
+                    head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if f == "WARM" else f
+                    for f in flags
+                ]
                 try:
                     timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", f"{tmp}/warm-up"])
                     wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])

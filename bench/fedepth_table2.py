@@ -21,7 +21,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = {"FedAvg (x min r)": "fedavg_min", "HeteroFL": "heterofl", "SplitMix": "splitmix", "DepthFL": "depthfl", "FeDepth": "fedepth", "m-FeDepth": "mfedepth"}
+RUNS = {
+    "FedAvg (x min r)": "fedavg_min",
+    "HeteroFL": "heterofl",
+    "SplitMix": "splitmix",
+    "DepthFL": "depthfl",
+    "FeDepth": "fedepth",
+    "m-FeDepth": "mfedepth",
+}
 SCENARIOS = {
     "fair": (list(RUNS), ["model.rate=0.16666666666666666"]),
     "lack": (list(RUNS), ["model.rate=0.125"]),
@@ -37,7 +44,13 @@ def one(job: tuple[str, str, int, list[str], str]) -> dict:
 
     scenario, label, seed, sets, out = job
     extra = SCENARIOS[scenario][1] if RUNS[label] == "fedavg_min" else []
-    summary = run_local(load_config(ROOT / "examples" / "fedepth" / f"{RUNS[label]}.yaml", [f"devices.profile=fedepth_{scenario}", *extra, *sets, f"seed={seed}"]), out)
+    summary = run_local(
+        load_config(
+            ROOT / "examples" / "fedepth" / f"{RUNS[label]}.yaml",
+            [f"devices.profile=fedepth_{scenario}", *extra, *sets, f"seed={seed}"],
+        ),
+        out,
+    )
     m = pd.read_parquet(Path(out) / "metrics.parquet")
     c = pd.read_parquet(Path(out) / "clients.parquet")
     return {
@@ -63,16 +76,25 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(s, label, seed, args.set, f"{tmp}/{s}-{seed}-{RUNS[label]}") for s in args.scenarios for seed in range(args.seeds) for label in SCENARIOS[s][0]]
+        jobs = [
+            (s, label, seed, args.set, f"{tmp}/{s}-{seed}-{RUNS[label]}")
+            for s in args.scenarios
+            for seed in range(args.seeds)
+            for label in SCENARIOS[s][0]
+        ]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
-    print(f"examples/fedepth, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds")
+    print(
+        f"examples/fedepth, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds"
+    )
     print("| budgets | run | final accuracy | best accuracy | clients that trained | virtual time (s) |")
     print("|---|---|---|---|---|---|")
     for s in args.scenarios:
         for label in SCENARIOS[s][0]:
             rs = [r for r in rows if r["scenario"] == s and r["run"] == label]
-            print(f"| {s} | {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {statistics.mean(r['clients_trained'] for r in rs):.1f} | {statistics.mean(r['virtual_time_s'] for r in rs):.0f} |")
+            print(
+                f"| {s} | {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {statistics.mean(r['clients_trained'] for r in rs):.1f} | {statistics.mean(r['virtual_time_s'] for r in rs):.0f} |"
+            )
     print(json.dumps(rows))
 
 

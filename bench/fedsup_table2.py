@@ -26,9 +26,24 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = {"Local-only": "localonly", "FedAvg": "fedavg", "Ditto": "ditto", "LG-FedAvg": "lgfedavg", "Per-FedAvg": "perfedavg", "FedSup": "fedsup", "E-FedSup": "efedsup"}
+RUNS = {
+    "Local-only": "localonly",
+    "FedAvg": "fedavg",
+    "Ditto": "ditto",
+    "LG-FedAvg": "lgfedavg",
+    "Per-FedAvg": "perfedavg",
+    "FedSup": "fedsup",
+    "E-FedSup": "efedsup",
+}
 CHILDREN = ["test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
-COLUMNS = ["initial_accuracy", "initial_accuracy_std", "personal_accuracy", "personal_accuracy_std", "test_accuracy", *CHILDREN]
+COLUMNS = [
+    "initial_accuracy",
+    "initial_accuracy_std",
+    "personal_accuracy",
+    "personal_accuracy_std",
+    "test_accuracy",
+    *CHILDREN,
+]
 
 
 def one(job: tuple[str, int, list[str], str]) -> dict:
@@ -44,7 +59,13 @@ def one(job: tuple[str, int, list[str], str]) -> dict:
     last = metrics.iloc[-1]
     evaluated = metrics.dropna(subset=["test_accuracy"])
     curves = {c: evaluated[c].tolist() for c in CHILDREN if c in evaluated}
-    return {"run": label, "seed": seed, **{c: float(last[c]) if c in last else math.nan for c in COLUMNS}, "rounds": evaluated["round"].tolist(), "curves": curves}
+    return {
+        "run": label,
+        "seed": seed,
+        **{c: float(last[c]) if c in last else math.nan for c in COLUMNS},
+        "rounds": evaluated["round"].tolist(),
+        "curves": curves,
+    }
 
 
 def draw(rows: list[dict], path: str) -> None:
@@ -61,7 +82,12 @@ def draw(rows: list[dict], path: str) -> None:
         for child, colour in zip(CHILDREN, ("C0", "C1", "C2")):
             for r in rs:
                 ax.plot(r["rounds"], r["curves"][child], color=colour, alpha=0.25, lw=0.8)
-            ax.plot(rs[0]["rounds"], [statistics.mean(v) for v in zip(*(r["curves"][child] for r in rs))], color=colour, label=child.split("@")[1])
+            ax.plot(
+                rs[0]["rounds"],
+                [statistics.mean(v) for v in zip(*(r["curves"][child] for r in rs))],
+                color=colour,
+                label=child.split("@")[1],
+            )
         ax.set_title(label)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
@@ -82,23 +108,39 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the methods to run (default: all)")
+    parser.add_argument(
+        "--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the methods to run (default: all)"
+    )
     parser.add_argument("--curves", help="draw the supernet runs' children over the rounds to this image")
-    parser.add_argument("--out", help="keep the runs in this folder (OUT/SEED-ALGORITHM), and reuse those finished there")
+    parser.add_argument(
+        "--out", help="keep the runs in this folder (OUT/SEED-ALGORITHM), and reuse those finished there"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(label, seed, args.set, f"{args.out or tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in args.runs]
+        jobs = [
+            (label, seed, args.set, f"{args.out or tmp}/{seed}-{RUNS[label]}")
+            for seed in range(args.seeds)
+            for label in args.runs
+        ]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
     print(f"examples/fedsup, seeds 0..{args.seeds - 1} {' '.join(args.set)}; the last round, mean +- sd over seeds")
-    print("| run | initial | personalized | sd over clients (initial / personalized) | global test accuracy | Big / Medium / Small |")
+    print(
+        "| run | initial | personalized | sd over clients (initial / personalized) | global test accuracy | Big / Medium / Small |"
+    )
     print("|---|---|---|---|---|---|")
     for label in args.runs:
         rs = [r for r in rows if r["run"] == label]
         col = lambda c: [r[c] for r in rs]  # noqa: E731
         sd = f"{statistics.mean(col('initial_accuracy_std')):.3f} / {statistics.mean(col('personal_accuracy_std')):.3f}"
-        children = " / ".join(f"{statistics.mean(col(f'test_accuracy@{c}')):.4f}" for c in ("big", "medium", "small")) if not math.isnan(rs[0]["test_accuracy@big"]) else "-"
-        print(f"| {label} | {spread(col('initial_accuracy'))} | {spread(col('personal_accuracy'))} | {sd} | {spread(col('test_accuracy'))} | {children} |")
+        children = (
+            " / ".join(f"{statistics.mean(col(f'test_accuracy@{c}')):.4f}" for c in ("big", "medium", "small"))
+            if not math.isnan(rs[0]["test_accuracy@big"])
+            else "-"
+        )
+        print(
+            f"| {label} | {spread(col('initial_accuracy'))} | {spread(col('personal_accuracy'))} | {sd} | {spread(col('test_accuracy'))} | {children} |"
+        )
     print(json.dumps(rows))
     if args.curves:
         draw(rows, args.curves)

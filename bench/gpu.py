@@ -37,20 +37,53 @@ import tempfile
 from pathlib import Path
 
 OVER_SHARE = [
-    "data.name=synthetic", "data.synthetic.dim=4096", "data.synthetic.mean_samples=4", "data.num_clients=16",
-    "model.name=transformer", "model.patch=2", "model.width=32", "model.heads=4", "model.ffn=32", "model.depth=12",
-    "algorithm.name=inclusivefl", "algorithm.depths=1-2-12", "devices.profile=mobile", "devices.mix=1:1:1",
-    "federation.rounds=2", "federation.clients_per_round=16", "federation.batch_size=16",
-    "federation.optimizer=adam", "federation.lr=0.001", "federation.eval_clients=1", "federation.eval_batch_size=8",
-    "ray.num_actors=8", "ray.gpus_per_actor=0.125", "ray.clients_per_call=1",
+    "data.name=synthetic",
+    "data.synthetic.dim=4096",
+    "data.synthetic.mean_samples=4",
+    "data.num_clients=16",
+    "model.name=transformer",
+    "model.patch=2",
+    "model.width=32",
+    "model.heads=4",
+    "model.ffn=32",
+    "model.depth=12",
+    "algorithm.name=inclusivefl",
+    "algorithm.depths=1-2-12",
+    "devices.profile=mobile",
+    "devices.mix=1:1:1",
+    "federation.rounds=2",
+    "federation.clients_per_round=16",
+    "federation.batch_size=16",
+    "federation.optimizer=adam",
+    "federation.lr=0.001",
+    "federation.eval_clients=1",
+    "federation.eval_batch_size=8",
+    "ray.num_actors=8",
+    "ray.gpus_per_actor=0.125",
+    "ray.clients_per_call=1",
 ]
 REFERENCE = [
-    "data.num_clients=100", "federation.clients_per_round=32", "federation.local_epochs=5", "federation.batch_size=10",
-    "federation.lr=0.02", "federation.momentum=0.9",
+    "data.num_clients=100",
+    "federation.clients_per_round=32",
+    "federation.local_epochs=5",
+    "federation.batch_size=10",
+    "federation.lr=0.02",
+    "federation.momentum=0.9",
 ]
 # (actors, vectorize, gpus per actor): 4 clients per call, or `vectorize` when more (one call then
 # trains them in one vmap); "auto": the defaults (num_actors, vectorize and clients_per_call auto)
-THROUGHPUT = ((1, 1, 0.125), (2, 1, 0.125), (4, 1, 0.125), (8, 1, 0.125), (1, 4, 0.125), (8, 4, 0.125), (1, 8, 0.125), (1, 32, 0.125), ("auto", "auto", 1.0), ("auto", "auto", 0.125))
+THROUGHPUT = (
+    (1, 1, 0.125),
+    (2, 1, 0.125),
+    (4, 1, 0.125),
+    (8, 1, 0.125),
+    (1, 4, 0.125),
+    (8, 4, 0.125),
+    (1, 8, 0.125),
+    (1, 32, 0.125),
+    ("auto", "auto", 1.0),
+    ("auto", "auto", 0.125),
+)
 IMAGES = 640
 """32x32 RGB images of `preresnet18`'s image folder."""
 
@@ -77,7 +110,11 @@ def placement() -> None:
     from actors.client import create_client_actors
     from rayfl.loader import load_config
 
-    actors = create_client_actors(load_config(None, ["ray.gpus_per_actor=0.125", "ray.num_actors=8"]), [f"gpu-bench-{k}" for k in range(8)], pooled=False)
+    actors = create_client_actors(
+        load_config(None, ["ray.gpus_per_actor=0.125", "ray.num_actors=8"]),
+        [f"gpu-bench-{k}" for k in range(8)],
+        pooled=False,
+    )
     infos = ray.get([a.info.remote() for a in actors])
     for a in actors:
         ray.kill(a)
@@ -94,7 +131,13 @@ def over_share(out: Path) -> None:
     from rayfl import api
     from rayfl.loader import load_config
 
-    summary = api.run(load_config(None, OVER_SHARE), out / "over-share", progress=lambda row: print(f"  round {row['round']} done, test accuracy {row.get('test_accuracy')}", flush=True))
+    summary = api.run(
+        load_config(None, OVER_SHARE),
+        out / "over-share",
+        progress=lambda row: print(
+            f"  round {row['round']} done, test accuracy {row.get('test_accuracy')}", flush=True
+        ),
+    )
     clients = pd.read_parquet(out / "over-share" / "clients.parquet")
     metrics = pd.read_parquet(out / "over-share" / "metrics.parquet")
     print("\n2. a client over its share: InclusiveFL depths 1-2-12 on 2048-token sequences, 8 actors at 0.125 GPU")
@@ -103,7 +146,9 @@ def over_share(out: Path) -> None:
     depth = dict(zip(("weak", "medium", "strong"), (1, 2, 12)))
     for (rnd, dev), rows in clients.groupby(["round", "device"], sort=True):
         reasons = sorted({r.split(".")[0] for r in rows["reason"].dropna() if r})
-        print(f"| {rnd} | {dev} | {depth[dev]} | {len(rows)} | {(rows.status == 'ok').sum()} | {(rows.status == 'failed').sum()} | {'; '.join(reasons)[:90]} |")
+        print(
+            f"| {rnd} | {dev} | {depth[dev]} | {len(rows)} | {(rows.status == 'ok').sum()} | {(rows.status == 'failed').sum()} | {'; '.join(reasons)[:90]} |"
+        )
     print(f"rounds completed: {len(metrics)} of 2; final test accuracy {summary['final_test_accuracy']:.4f}")
 
 
@@ -113,8 +158,12 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
     from rayfl import api
     from rayfl.loader import load_config
 
-    print(f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per call (vectorize K > 4: K; auto: the defaults)")
-    print("| model | GPU per actor | actors | vectorize | clients/s (rounds 2 on) | round s (median) | final accuracy |")
+    print(
+        f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per call (vectorize K > 4: K; auto: the defaults)"
+    )
+    print(
+        "| model | GPU per actor | actors | vectorize | clients/s (rounds 2 on) | round s (median) | final accuracy |"
+    )
     print("|---|---|---|---|---|---|---|")
     data = {model: [f"model.name={model}"] for model in models}
     if "preresnet18" in models:
@@ -123,26 +172,53 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
         for actors, vectorize, gpus in THROUGHPUT:
             run = out / f"{model}-{actors}-{vectorize}-{gpus}"
             per_call = "auto" if vectorize == "auto" else max(4, vectorize)
-            sets = [*REFERENCE, *data[model], f"federation.rounds={rounds}", f"ray.gpus_per_actor={gpus}", f"ray.num_actors={actors}", f"ray.vectorize={vectorize}", f"ray.clients_per_call={per_call}"]
+            sets = [
+                *REFERENCE,
+                *data[model],
+                f"federation.rounds={rounds}",
+                f"ray.gpus_per_actor={gpus}",
+                f"ray.num_actors={actors}",
+                f"ray.vectorize={vectorize}",
+                f"ray.clients_per_call={per_call}",
+            ]
             summary = api.run(load_config(None, sets), run)
             wall = pd.read_parquet(run / "metrics.parquet")["wall_time_s"].diff().iloc[1:]
-            print(f"| {model} | {gpus:g} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | {summary['final_test_accuracy']:.4f} |", flush=True)
+            print(
+                f"| {model} | {gpus:g} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | {summary['final_test_accuracy']:.4f} |",
+                flush=True,
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=["cnn2", "mlp"])
-    parser.add_argument("--parts", nargs="+", choices=["placement", "over-share", "throughput"], default=["placement", "over-share", "throughput"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["placement", "over-share", "throughput"],
+        default=["placement", "over-share", "throughput"],
+    )
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="  %(name)s: %(message)s")  # rayfl's own lines (actors placed, retries)
+    logging.basicConfig(
+        level=logging.INFO, format="  %(name)s: %(message)s"
+    )  # rayfl's own lines (actors placed, retries)
     import ray
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("bench/gpu.py: no CUDA device here")
-    print(f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB; {os.cpu_count()} CPUs; torch {torch.__version__}, ray {ray.__version__}")
-    ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    print(
+        f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB; {os.cpu_count()} CPUs; torch {torch.__version__}, ray {ray.__version__}"
+    )
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        num_gpus=torch.cuda.device_count(),
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if "placement" in args.parts:

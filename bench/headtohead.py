@@ -50,10 +50,16 @@ TARGETS = {"digits": 0.8, "mnist1d": 0.5}
 def common(dataset: str, rounds: int, seed: int) -> list[str]:
     """What every run shares: data, devices, participation, rounds, evaluation, seed."""
     return [
-        f"data.name={dataset}", "data.num_clients=20", "data.partition={kind: dirichlet, alpha: 1.0}",
+        f"data.name={dataset}",
+        "data.num_clients=20",
+        "data.partition={kind: dirichlet, alpha: 1.0}",
         "devices.profile=tiers",
-        f"federation.rounds={rounds}", "federation.clients_per_round=10", f"federation.eval_every={max(rounds // 20, 1)}",
-        f"federation.target_accuracy={TARGETS[dataset]}", "federation.checkpoint_every=0", f"seed={seed}",
+        f"federation.rounds={rounds}",
+        "federation.clients_per_round=10",
+        f"federation.eval_every={max(rounds // 20, 1)}",
+        f"federation.target_accuracy={TARGETS[dataset]}",
+        "federation.checkpoint_every=0",
+        f"seed={seed}",
     ]
 
 
@@ -64,7 +70,10 @@ def config(label: str, dataset: str, rounds: int, seed: int):
     from rayfl.loader import load_config
 
     example, sets = METHODS[label]
-    given = {"model.rate=WEAKEST": lambda: f"model.rate={weakest_width(dataset, rounds)}", "model.name=SPLIT": lambda: f"model.name={SPLIT_MODELS[dataset]}"}
+    given = {
+        "model.rate=WEAKEST": lambda: f"model.rate={weakest_width(dataset, rounds)}",
+        "model.name=SPLIT": lambda: f"model.name={SPLIT_MODELS[dataset]}",
+    }
     sets = [given[s]() if s in given else s for s in sets]
     overrides = [*sets, *common(dataset, rounds, seed)]
     warmup = load_config(ROOT / "examples" / example).federation.lr_schedule.warmup_rounds
@@ -123,17 +132,25 @@ def main() -> None:
 
     out = Path(args.out) / args.dataset
     folder = {label: label.replace(" ", "_").replace("(", "").replace(")", "") for label in args.methods}
-    jobs = [(label, args.dataset, args.rounds, seed, str(out / f"{folder[label]}-{seed}")) for seed in range(args.seeds) for label in args.methods]  # seed by seed: a cut-off bench leaves whole seeds
+    jobs = [
+        (label, args.dataset, args.rounds, seed, str(out / f"{folder[label]}-{seed}"))
+        for seed in range(args.seeds)
+        for label in args.methods
+    ]  # seed by seed: a cut-off bench leaves whole seeds
     with ProcessPoolExecutor(args.procs) as pool:
         list(pool.map(one, jobs))
-    groups = [[compare.Run.read(out / f"{folder[label]}-{seed}") for seed in range(args.seeds)] for label in args.methods]
+    groups = [
+        [compare.Run.read(out / f"{folder[label]}-{seed}") for seed in range(args.seeds)] for label in args.methods
+    ]
     target = args.target or TARGETS[args.dataset]
     frame = compare.table(groups, target, args.last, names=args.methods)
     text = compare.markdown(frame)
     plots = compare.plot(groups, out, names=args.methods)
     (out / "headtohead.md").write_text(text + "\n\n" + tiers(groups, args.methods) + "\n")
     frame.to_csv(out / "headtohead.csv", index=False)
-    print(f"{args.dataset}, {args.rounds} rounds, seeds 0..{args.seeds - 1}, tiers 5:3:2; target {target}; final = mean of the last {args.last} evaluations")
+    print(
+        f"{args.dataset}, {args.rounds} rounds, seeds 0..{args.seeds - 1}, tiers 5:3:2; target {target}; final = mean of the last {args.last} evaluations"
+    )
     if "FedAvg (weakest width)" in args.methods:
         print(f"FedAvg (weakest width): width rate {weakest_width(args.dataset, args.rounds):.4f}")
     print(text)

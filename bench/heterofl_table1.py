@@ -49,10 +49,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(2) as pool:
-        jobs = [(s, split, args.rounds, args.seed, f"{tmp}/{s}-{split}") for s in SETTINGS for split in ("iid", "non-iid")]
+        jobs = [
+            (s, split, args.rounds, args.seed, f"{tmp}/{s}-{split}") for s in SETTINGS for split in ("iid", "non-iid")
+        ]
         rows = list(pool.map(one, jobs))
     by = {(r["setting"], r["split"]): r for r in rows}
-    print(f"digits, 20 clients, 10 per round, {args.rounds} rounds, 5 local epochs; accuracy = mean of the last 5 rounds")
+    print(
+        f"digits, 20 clients, 10 per round, {args.rounds} rounds, 5 local epochs; accuracy = mean of the last 5 rounds"
+    )
     print("| setting | ratio | params | FLOPs | clients trained | IID global | non-IID local | non-IID global |")
     print("|---|---|---|---|---|---|---|---|")
     for s in SETTINGS:

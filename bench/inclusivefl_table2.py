@@ -75,29 +75,41 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
-    parser.add_argument("--runs", default=None, help="keep the runs here; rayfl compare's table and plots go to RUNS/compare")
+    parser.add_argument(
+        "--runs", default=None, help="keep the runs here; rayfl compare's table and plots go to RUNS/compare"
+    )
     args = parser.parse_args()
     sets = [f"data.name={args.data}", *args.set]
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(label, seed, sets, f"{args.runs or tmp}/{seed}-{RUNS[label]}") for seed in range(args.seeds) for label in RUNS]
+        jobs = [
+            (label, seed, sets, f"{args.runs or tmp}/{seed}-{RUNS[label]}")
+            for seed in range(args.seeds)
+            for label in RUNS
+        ]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
         if args.runs:
             from rayfl.compare import compare
 
             compare([j[3] for j in jobs], Path(args.runs) / "compare", last=5)
-    print(f"{args.data}, examples/inclusivefl, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds")
+    print(
+        f"{args.data}, examples/inclusivefl, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds"
+    )
     print("| run | final accuracy | best accuracy | weak | medium | strong |")
     print("|---|---|---|---|---|---|")
     for label in RUNS:
         rs = [r for r in rows if r["run"] == label]
         groups = [spread([r["groups"][g] for r in rs]) if g in rs[0]["groups"] else "-" for g in GROUPS]
-        print(f"| {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {' | '.join(groups)} |")
+        print(
+            f"| {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {' | '.join(groups)} |"
+        )
     print("rounds to the w/o-MD run's best accuracy (per seed):")
     for seed in range(args.seeds):
         by = {r["run"]: r for r in rows if r["seed"] == seed}
         target = by["InclusiveFL w/o MD"]["best"]
-        print(f"  seed {seed}: target {target:.4f}: InclusiveFL {rounds_to(by['InclusiveFL']['accuracy'], target)}, w/o MD {rounds_to(by['InclusiveFL w/o MD']['accuracy'], target)}")
+        print(
+            f"  seed {seed}: target {target:.4f}: InclusiveFL {rounds_to(by['InclusiveFL']['accuracy'], target)}, w/o MD {rounds_to(by['InclusiveFL w/o MD']['accuracy'], target)}"
+        )
     print(json.dumps(rows))
 
 

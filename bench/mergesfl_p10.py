@@ -53,13 +53,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--target", type=float, default=0.8, help="federation.target_accuracy")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
-    parser.add_argument("--runs", default=None, help="keep the runs here (default: a temporary folder); rayfl compare writes into RUNS/compare")
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="keep the runs here (default: a temporary folder); rayfl compare writes into RUNS/compare",
+    )
     args = parser.parse_args()
-    common = [*DATA[args.data], f"data.partition.p={args.p}", f"federation.rounds={args.rounds}", f"federation.target_accuracy={args.target}", *args.set]
+    common = [
+        *DATA[args.data],
+        f"data.partition.p={args.p}",
+        f"federation.rounds={args.rounds}",
+        f"federation.target_accuracy={args.target}",
+        *args.set,
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(args.runs or tmp)
         jobs = [
-            (ex, [*common, f"seed={seed}", *extra], str(runs / f"{seed}-{label.replace(' ', '_').replace('/', '').replace(',', '')}"))
+            (
+                ex,
+                [*common, f"seed={seed}", *extra],
+                str(runs / f"{seed}-{label.replace(' ', '_').replace('/', '').replace(',', '')}"),
+            )
             for seed in range(args.seeds)
             for label, (ex, extra) in RUNS.items()
         ]
@@ -67,7 +81,9 @@ def main() -> None:
             list(pool.map(one, jobs))
         text, _ = compare([j[2] for j in jobs], runs / "compare", last=5, columns=["kl"])
     sets = f", {' '.join(args.set)}" if args.set else ""
-    print(f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{sets}; final = mean of the last 5 rounds")
+    print(
+        f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{sets}; final = mean of the last 5 rounds"
+    )
     print(text)
 
 

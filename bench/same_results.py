@@ -46,18 +46,35 @@ CONFIGS = {
     "lgfedavg_vectorized": ["algorithm.name=lgfedavg", "model.name=mlp", "ray.vectorize=3"],
     "pyramidfl": ["algorithm.name=pyramidfl"],
     "deadline_drop": ["federation.mode=deadline", "federation.deadline.target_clients=6"],
-    "deadline_carry": ["federation.mode=deadline", "federation.deadline.target_clients=6", "federation.deadline.late=carry"],
-    "fedadam_deadline_carry": ["algorithm.name=fedadam", "federation.mode=deadline", "federation.deadline.target_clients=6", "federation.deadline.late=carry"],
+    "deadline_carry": [
+        "federation.mode=deadline",
+        "federation.deadline.target_clients=6",
+        "federation.deadline.late=carry",
+    ],
+    "fedadam_deadline_carry": [
+        "algorithm.name=fedadam",
+        "federation.mode=deadline",
+        "federation.deadline.target_clients=6",
+        "federation.deadline.late=carry",
+    ],
     "fedbuff": ["federation.mode=async", "federation.async.buffer_size=4"],
     "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.rounds=6"],
-    "heterofl_fedbuff": ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.mode=async", "federation.async.buffer_size=4"],
+    "heterofl_fedbuff": [
+        "algorithm.name=heterofl",
+        "algorithm.levels=a1-c1-e1",
+        "model.norm=sbn",
+        "federation.mode=async",
+        "federation.async.buffer_size=4",
+    ],
     "diverging": ["model.name=mlp", "federation.lr=1e6"],
     "skipped_and_failed": ["data.num_clients=2000", "data.partition={kind: dirichlet, min_size: 0}"],
 }
 
 
 def tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return pd.read_parquet(run_dir / "metrics.parquet").drop(columns="wall_time_s"), pd.read_parquet(run_dir / "clients.parquet")
+    return pd.read_parquet(run_dir / "metrics.parquet").drop(columns="wall_time_s"), pd.read_parquet(
+        run_dir / "clients.parquet"
+    )
 
 
 def main() -> int:
@@ -77,7 +94,10 @@ def main() -> int:
             pd.testing.assert_frame_equal(metrics, old_metrics, check_exact=True)
             common = [c for c in old_clients.columns if c in clients.columns]
             pd.testing.assert_frame_equal(clients[common], old_clients[common], check_exact=True)
-            changed = {"dropped": sorted(set(old_clients.columns) - set(common)), "added": sorted(set(clients.columns) - set(common))}
+            changed = {
+                "dropped": sorted(set(old_clients.columns) - set(common)),
+                "added": sorted(set(clients.columns) - set(common)),
+            }
             print(f"{name}: identical" + "".join(f"; clients.parquet {k} {v}" for k, v in changed.items() if v))
         except AssertionError as exc:
             differ += 1

@@ -31,7 +31,11 @@ ROUNDS = 4
 DEVICES = {  # --devices: who is there and online
     "static": [],
     # online 30% of the day in 30-minute sessions; half the clients at the start, one arriving every second
-    "diurnal": ["devices.availability.kind=diurnal", "devices.population.arrivals_per_hour=3600", "devices.population.initial=HALF"],
+    "diurnal": [
+        "devices.availability.kind=diurnal",
+        "devices.population.arrivals_per_hour=3600",
+        "devices.population.initial=HALF",
+    ],
 }
 
 
@@ -46,7 +50,14 @@ def one(data: str, n: int, on_ray: bool, devices: str) -> dict:
 
     from rayfl.loader import load_config
 
-    sets = [*DATA[data], f"data.num_clients={n}", f"federation.rounds={ROUNDS}", "federation.checkpoint_every=0", "ray.num_actors=2", "ray.dashboard=false"]
+    sets = [
+        *DATA[data],
+        f"data.num_clients={n}",
+        f"federation.rounds={ROUNDS}",
+        "federation.checkpoint_every=0",
+        "ray.num_actors=2",
+        "ray.dashboard=false",
+    ]
     sets += [s.replace("HALF", str(n // 2)) for s in DEVICES[devices]]
     start = time.perf_counter()
     config = load_config(None, sets)
@@ -96,26 +107,47 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", type=float, default=[1e3, 1e4, 1e5, 1e6, 1e7])
     parser.add_argument("--data", nargs="+", choices=sorted(DATA), default=sorted(DATA, reverse=True))
     parser.add_argument("--ray", action="store_true", help="run on Ray (2 client actors) instead of in process")
-    parser.add_argument("--devices", choices=sorted(DEVICES), default="static", help="diurnal: diurnal availability and arrivals (docs/devices.md)")
+    parser.add_argument(
+        "--devices",
+        choices=sorted(DEVICES),
+        default="static",
+        help="diurnal: diurnal availability and arrivals (docs/devices.md)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("DATA", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices)))
         return
-    print(f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, {'on Ray (2 client actors)' if args.ray else 'in process'}, devices {args.devices}; round = mean of rounds 2-{ROUNDS}")
+    print(
+        f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, {'on Ray (2 client actors)' if args.ray else 'in process'}, devices {args.devices}; round = mean of rounds 2-{ROUNDS}"
+    )
     print("| data | logical clients | setup s | per round s | peak RSS MB (largest process) |")
     print("|---|---|---|---|---|")
     for data in args.data:
         base = None
         for n in args.clients:
-            cmd = [sys.executable, __file__, "--one", data, str(int(n)), "--devices", args.devices, *(["--ray"] if args.ray else [])]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                data,
+                str(int(n)),
+                "--devices",
+                args.devices,
+                *(["--ray"] if args.ray else []),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                print(f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | |")
+                print(
+                    f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | |"
+                )
                 break
             r = json.loads(done.stdout.strip().splitlines()[-1])
             base = base or r["round_s"]
-            print(f"| {data} | {int(n):,} | {r['setup_s']:.1f} | {r['round_s']:.3f} ({r['round_s'] / base:.2f}x) | {r['peak_rss_mb']:.0f} |", flush=True)
+            print(
+                f"| {data} | {int(n):,} | {r['setup_s']:.1f} | {r['round_s']:.3f} ({r['round_s'] / base:.2f}x) | {r['peak_rss_mb']:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

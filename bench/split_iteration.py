@@ -32,7 +32,15 @@ def main() -> None:
     from rayfl.loader import load_config
     from rayfl.runner import InProcessExecutor
 
-    sets = ["algorithm.name=sfl", "algorithm.merge_features=true", f"algorithm.tau={args.iterations}", "model.name=cnn2", f"federation.batch_size={args.batch}", f"data.num_clients={max(20, args.workers)}", f"federation.clients_per_round={args.workers}"]
+    sets = [
+        "algorithm.name=sfl",
+        "algorithm.merge_features=true",
+        f"algorithm.tau={args.iterations}",
+        "model.name=cnn2",
+        f"federation.batch_size={args.batch}",
+        f"data.num_clients={max(20, args.workers)}",
+        f"federation.clients_per_round={args.workers}",
+    ]
     timings = {}
     with torch_threads():
         fed = build_federation(load_config(None, sets))
@@ -56,10 +64,14 @@ def main() -> None:
         finally:
             ray.shutdown()
     base, on_ray = timings.values()
-    print(f"{args.workers} workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations")
+    print(
+        f"{args.workers} workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations"
+    )
     for label, ms in timings.items():
         print(f"{label:<22}{ms:8.1f} ms / iteration")
-    print(f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / args.workers:+.2f} ms per worker")
+    print(
+        f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / args.workers:+.2f} ms per worker"
+    )
 
 
 if __name__ == "__main__":

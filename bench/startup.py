@@ -65,7 +65,14 @@ def one(mode: str, sets: list[str], address: str | None) -> dict:
 
 def timed(mode: str, sets: list[str], address: str | None) -> tuple[float, dict]:
     """A run in a fresh process."""
-    cmd = [sys.executable, __file__, "--one", mode, *[a for s in sets for a in ("--set", s)], *(["--address", address] if address else [])]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        mode,
+        *[a for s in sets for a in ("--set", s)],
+        *(["--address", address] if address else []),
+    ]
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, json.loads(out.stdout.strip().splitlines()[-1])
@@ -87,7 +94,9 @@ def main() -> None:
     from actors import head
 
     if head.kept() is not None:
-        sys.exit("bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)")
+        sys.exit(
+            "bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)"
+        )
     walls: dict[str, list[float]] = {side: [] for side in SIDES}
     parts: dict[str, list[dict]] = {side: [] for side in SIDES}
 
@@ -117,13 +126,19 @@ def main() -> None:
     finally:
         head.down()
     phases = ["imports", "build", "ray_start", "actors", "rounds", "shutdown"]
-    print(f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard off); medians of {args.repeat}, seconds")
+    print(
+        f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard off); medians of {args.repeat}, seconds"
+    )
     print(f"| run | process wall | over --local | {' | '.join(phases)} |")
     print(f"|---|---|---|{'---|' * len(phases)}")
     for side in SIDES:
         wall = statistics.median(walls[side])
-        local = statistics.median(walls["in process (--local)" if not SIDES[side][1] else "in process, beside the warm head"])
-        named = [{**p, "rounds": p.get("rounds", p.get("run"))} for p in parts[side]]  # in process: its whole run under rounds
+        local = statistics.median(
+            walls["in process (--local)" if not SIDES[side][1] else "in process, beside the warm head"]
+        )
+        named = [
+            {**p, "rounds": p.get("rounds", p.get("run"))} for p in parts[side]
+        ]  # in process: its whole run under rounds
         cells = [f"{statistics.median(p[k] for p in named):.2f}" if k in named[0] else "-" for k in phases]
         print(f"| {side} | {wall:.2f} | {wall - local:+.2f} | {' | '.join(cells)} |")
 

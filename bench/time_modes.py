@@ -25,7 +25,10 @@ def one(job: tuple[str, int, list[str], str]) -> str:
     from rayfl.runner import run_local
 
     name, seed, sets, out = job
-    run_local(load_config(ROOT / "examples" / "time" / f"{name}.yaml", [*sets, f"seed={seed}", "metrics.tensorboard=false"]), out)
+    run_local(
+        load_config(ROOT / "examples" / "time" / f"{name}.yaml", [*sets, f"seed={seed}", "metrics.tensorboard=false"]),
+        out,
+    )
     return out
 
 

@@ -40,18 +40,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, pool in (("warm actors", []), ("actors per trial", ["--set", "ray.pool_idle_s=0"])):
             spec = Path(tmp) / f"{'warm' if not pool else 'fresh'}.yaml"
-            spec.write_text(yaml.safe_dump({
-                "base": {"federation": {"rounds": args.rounds}, "ray": {"dashboard": False}},
-                "search": {"federation.lr": {"grid": lrs}},
-                "metric": "test_accuracy", "max_concurrent_trials": 2, "scheduler": {"name": "none"}, "storage": f"{tmp}/runs",
-            }))
+            spec.write_text(
+                yaml.safe_dump(
+                    {
+                        "base": {"federation": {"rounds": args.rounds}, "ray": {"dashboard": False}},
+                        "search": {"federation.lr": {"grid": lrs}},
+                        "metric": "test_accuracy",
+                        "max_concurrent_trials": 2,
+                        "scheduler": {"name": "none"},
+                        "storage": f"{tmp}/runs",
+                    }
+                )
+            )
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "rayfl", "tune", str(spec), *pool], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [sys.executable, "-m", "rayfl", "tune", str(spec), *pool], check=True, capture_output=True, text=True
+            )
             walls[label] = time.perf_counter() - start
             table = pd.read_csv(Path(tmp) / "runs" / spec.stem / "results.csv")
             best = table.loc[table["final_test_accuracy"].idxmax()]
             bests[label] = (best["federation.lr"], best["final_test_accuracy"], (table["status"] == "finished").sum())
-    print(f"rayfl tune: default federation, {args.trials} trials x {args.rounds} rounds (grid of learning rates), 2 at a time, fresh local cluster")
+    print(
+        f"rayfl tune: default federation, {args.trials} trials x {args.rounds} rounds (grid of learning rates), 2 at a time, fresh local cluster"
+    )
     print("| actors | process wall s | ratio | trials finished | best lr | best accuracy |")
     print("|---|---|---|---|---|---|")
     base = walls["actors per trial"]

@@ -23,8 +23,14 @@ import sys
 import tempfile
 
 BASE = [
-    "data.num_clients=100", "data.partition.kind=iid", "federation.clients_per_round=10", "federation.local_epochs=5",
-    "federation.batch_size=10", "federation.lr=0.02", "federation.momentum=0.9", "ray.clients_per_call=10",
+    "data.num_clients=100",
+    "data.partition.kind=iid",
+    "federation.clients_per_round=10",
+    "federation.local_epochs=5",
+    "federation.batch_size=10",
+    "federation.lr=0.02",
+    "federation.momentum=0.9",
+    "ray.clients_per_call=10",
 ]
 
 
@@ -52,9 +58,19 @@ def one(model: str, vectorize: int, rounds: int) -> dict:
 
     ClientRunner.run_all = timed
     with tempfile.TemporaryDirectory() as out:
-        summary = run_local(load_config(None, [*BASE, f"model.name={model}", f"ray.vectorize={vectorize}", f"federation.rounds={rounds}"]), out)
+        summary = run_local(
+            load_config(
+                None, [*BASE, f"model.name={model}", f"ray.vectorize={vectorize}", f"federation.rounds={rounds}"]
+            ),
+            out,
+        )
         wall = pd.read_parquet(f"{out}/metrics.parquet")["wall_time_s"].to_numpy()
-    return {"train_s": float(np.median(training[1:])), "faults": float(np.median(faults[1:])), "round_s": float(np.median(np.diff(wall))), "accuracy": summary["final_test_accuracy"]}
+    return {
+        "train_s": float(np.median(training[1:])),
+        "faults": float(np.median(faults[1:])),
+        "round_s": float(np.median(np.diff(wall))),
+        "accuracy": summary["final_test_accuracy"],
+    }
 
 
 def main() -> None:
@@ -68,13 +84,20 @@ def main() -> None:
         print(json.dumps(one(args.one[0], int(args.one[1]), args.rounds)))
         return
     print(f"digits IID, 100 clients, 10 a round, {args.rounds} rounds, 5 epochs, batch 10, SGD 0.02 m0.9, in process")
-    print("| model | training s a round: sequential / vectorized (10) | speed-up | whole round s: sequential / vectorized | speed-up | page faults a round | accuracy: sequential / vectorized |")
+    print(
+        "| model | training s a round: sequential / vectorized (10) | speed-up | whole round s: sequential / vectorized | speed-up | page faults a round | accuracy: sequential / vectorized |"
+    )
     print("|---|---|---|---|---|---|---|")
     for model in args.models:
         runs: dict[int, list[dict]] = {1: [], 10: []}
         for _ in range(args.repeats):
             for k in (1, 10):
-                out = subprocess.run([sys.executable, __file__, "--one", model, str(k), "--rounds", str(args.rounds)], capture_output=True, text=True, check=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one", model, str(k), "--rounds", str(args.rounds)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 runs[k].append(json.loads(out.stdout.strip().splitlines()[-1]))
         s, v = ({key: statistics.median(r[key] for r in runs[k]) for key in runs[k][0]} for k in (1, 10))
         print(

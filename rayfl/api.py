@@ -55,7 +55,9 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
 
     if ray.is_initialized():
         return False
-    quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl speaks in its own lines
+    quiet = dict(
+        logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose
+    )  # rayfl speaks in its own lines
     address = cluster_address(address)
     if address:
         from actors.address import probe
@@ -89,7 +91,9 @@ def run(
     run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
-    address = cluster_address(address or config.ray.address)  # before Ray's import: joining a kept head sets its auth mode
+    address = cluster_address(
+        address or config.ray.address
+    )  # before Ray's import: joining a kept head sets its auth mode
 
     import ray
     from ray.exceptions import RayActorError, RayTaskError
@@ -215,7 +219,11 @@ def submit(config: RunConfig, address: str, out: str | None = None, verbose: boo
     job's submission id, which names the run (and is its RUN_DIR's name by default). Ray's INFO
     and WARNING lines about packaging the working dir only when `verbose`."""
     jobs = client(address)
-    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):  # the SDK sets INFO when imported
+    for name in (
+        "ray",
+        "ray.dashboard.modules.dashboard_sdk",
+        "ray.dashboard.modules.job.sdk",
+    ):  # the SDK sets INFO when imported
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.ERROR)
     name = job_id(config)
     entry = ["python", "-m", "rayfl", "run", "--config-env", "RAYFL_CONFIG", "--progress", "lines"]
@@ -230,13 +238,26 @@ def submit(config: RunConfig, address: str, out: str | None = None, verbose: boo
                 "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", "site/"],
                 "env_vars": {"RAYFL_CONFIG": yaml.safe_dump(portable(config), sort_keys=False)},
             },
-            metadata={"algorithm": config.algorithm.name, "dataset": config.data.name, "run_id": name, "out": out or ""},
+            metadata={
+                "algorithm": config.algorithm.name,
+                "dataset": config.data.name,
+                "run_id": name,
+                "out": out or "",
+            },
         ),
         "submitting the job",
     )
 
 
-TRANSIENT = ("No available agent", "status code 502", "status code 503", "status code 504", "Failed to connect", "Connection refused", "Starting Ray client server failed")
+TRANSIENT = (
+    "No available agent",
+    "status code 502",
+    "status code 503",
+    "status code 504",
+    "Failed to connect",
+    "Connection refused",
+    "Starting Ray client server failed",
+)
 """What a dashboard says while its head node is still coming up (its job agent not registered
 yet), and what Ray Client says when its per-connection server did not start in time on a busy head."""
 
@@ -335,7 +356,9 @@ def fetch(address: str, job: str, to: str | Path | None = None, client_port: int
     target = Path(to) if to else Path.cwd() / location.rstrip("/").rsplit("/", 1)[-1]
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"--to {target}: exists and is not empty")
-    if storage.is_uri(location) or Path(location).is_dir():  # a URI, or a folder this machine reads (same host, shared filesystem)
+    if (
+        storage.is_uri(location) or Path(location).is_dir()
+    ):  # a URI, or a folder this machine reads (same host, shared filesystem)
         storage.copy_tree(location, str(target))
     else:
         unpack(packed_on_node(address, info.driver_node_id, location, client_port), target)
@@ -349,7 +372,10 @@ def packed_on_node(address: str, node_id: str, location: str, client_port: int) 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     host = urlparse(address).hostname
-    with retried(lambda: ray.init(address=f"ray://{host}:{client_port}", logging_level=logging.ERROR), "connecting over Ray Client"):
+    with retried(
+        lambda: ray.init(address=f"ray://{host}:{client_port}", logging_level=logging.ERROR),
+        "connecting over Ray Client",
+    ):
         strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         return ray.get(ray.remote(num_cpus=0, scheduling_strategy=strategy)(pack).remote(location))
 

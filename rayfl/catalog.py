@@ -86,7 +86,11 @@ def summary(table: dict[str, str], kind: str, name: str) -> str:
 def profile_files() -> dict[str, Path]:
     """Built-in device profiles: name -> its YAML file in `rayfl/devices/profiles/`."""
     folder = resources.files("rayfl") / "devices" / "profiles"  # not rayfl.devices: its package imports torch
-    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in sorted(folder.iterdir(), key=lambda p: p.name) if p.name.endswith(".yaml")}
+    return {
+        p.name.removesuffix(".yaml"): Path(str(p))
+        for p in sorted(folder.iterdir(), key=lambda p: p.name)
+        if p.name.endswith(".yaml")
+    }
 
 
 def profiles() -> dict[str, dict[str, Any]]:

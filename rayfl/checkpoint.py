@@ -77,8 +77,12 @@ def encode(value: Any, where: str = "state") -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         name = _name(type(value))
         if name not in STATE_TYPES and name not in _registered:
-            raise TypeError(f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers its own with @checkpoint.state_type)")
-        fields = {f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init}
+            raise TypeError(
+                f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers its own with @checkpoint.state_type)"
+            )
+        fields = {
+            f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init
+        }
         return {_DATACLASS: name, "fields": fields}
     if isinstance(value, Mapping):
         out = {}
@@ -130,12 +134,24 @@ class Saved:
     """The devices' charge (`rayfl.engine.admission.Batteries`), or None."""
 
 
-def save(run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None, batteries: Any = None) -> Path:
+def save(
+    run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None, batteries: Any = None
+) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()  # serialized here, written by Python: a full disk raises OSError naming the file
-    torch.save({"state": encode(state), "virtual_time_s": float(virtual_time_s), "pending": encode(pending, "pending"), "batteries": encode(batteries, "batteries")}, buffer)
-    return write_atomic(folder / f"round_{state.round:05d}.pt", buffer.getvalue())  # never half a checkpoint under its name
+    torch.save(
+        {
+            "state": encode(state),
+            "virtual_time_s": float(virtual_time_s),
+            "pending": encode(pending, "pending"),
+            "batteries": encode(batteries, "batteries"),
+        },
+        buffer,
+    )
+    return write_atomic(
+        folder / f"round_{state.round:05d}.pt", buffer.getvalue()
+    )  # never half a checkpoint under its name
 
 
 def _paths(run_dir: str | Path) -> list[Path]:
@@ -186,10 +202,17 @@ def checked(data: Any) -> Saved:
     clock = data["virtual_time_s"]
     if not isinstance(state, ServerState):
         raise ConfigError(f"its state is a {type(state).__name__}, not a ServerState")
-    if not (isinstance(state.round, int) and state.round >= 0 and isinstance(state.weights, dict) and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in state.weights.items())):
+    if not (
+        isinstance(state.round, int)
+        and state.round >= 0
+        and isinstance(state.weights, dict)
+        and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in state.weights.items())
+    ):
         raise ConfigError("its state's round is not a count or its weights are not named arrays")
     if not (isinstance(clock, numbers.Real) and np.isfinite(clock)):
         raise ConfigError("its virtual_time_s is not a finite number")
-    if not (pending is None or _name(type(pending)) == "rayfl.engine.flights:Pending") or not (batteries is None or _name(type(batteries)) == "rayfl.engine.admission:Batteries"):
+    if not (pending is None or _name(type(pending)) == "rayfl.engine.flights:Pending") or not (
+        batteries is None or _name(type(batteries)) == "rayfl.engine.admission:Batteries"
+    ):
         raise ConfigError("its pending flights or batteries are not rayfl's")
     return Saved(state, float(clock), pending, batteries)

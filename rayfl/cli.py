@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-
 from .configbase import ConfigError, shown
 
 
@@ -36,11 +35,17 @@ class ProgressBar:
 
         acc = row["test_accuracy"]
         if self.lines:
-            print(f"rayfl: round {row['round']}/{self.total} acc {'-' if math.isnan(acc) else f'{acc:.4f}'} vtime {row['virtual_time_s']:.1f}s", file=sys.stderr, flush=True)
+            print(
+                f"rayfl: round {row['round']}/{self.total} acc {'-' if math.isnan(acc) else f'{acc:.4f}'} vtime {row['virtual_time_s']:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         if self.bar is None:
             self.bar = tqdm(total=self.total, initial=row["round"] - 1, unit="round", dynamic_ncols=True)
-        self.bar.set_postfix(acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s", refresh=False)
+        self.bar.set_postfix(
+            acc="-" if math.isnan(acc) else f"{acc:.3f}", vtime=f"{row['virtual_time_s']:.0f}s", refresh=False
+        )
         self.bar.update(1)  # the count and this round's figures appear together
 
     def close(self) -> None:
@@ -81,7 +86,9 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
         return load_config(Path(resume_dir or args.resume) / "config.yaml", args.set)
     if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.api.submit)
-        return parse_config(with_overrides(parse_yaml(os.environ.get(args.config_env, ""), f"${args.config_env}") or {}, args.set))
+        return parse_config(
+            with_overrides(parse_yaml(os.environ.get(args.config_env, ""), f"${args.config_env}") or {}, args.set)
+        )
     return load_config(args.config, args.set)
 
 
@@ -97,8 +104,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .engine import new_run_dir
         from .runner import run_local
 
-        run_dir = staged or (storage.HOME / "runs" / job if job else new_run_dir(config))  # a job's run outlives its temporary working dir
-        shown = location if storage.is_uri(location) else run_dir.resolve() if job else run_dir  # a job's is absolute: it is read from elsewhere
+        run_dir = staged or (
+            storage.HOME / "runs" / job if job else new_run_dir(config)
+        )  # a job's run outlives its temporary working dir
+        shown = (
+            location if storage.is_uri(location) else run_dir.resolve() if job else run_dir
+        )  # a job's is absolute: it is read from elsewhere
         if job:
             print(f"rayfl: RUN_DIR {shown}", file=sys.stderr, flush=True)
         bar = ProgressBar(config.federation.rounds, lines=args.progress == "lines")
@@ -129,8 +140,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     profiles = {}
     for name, prof in catalog.profiles().items():
         mix = ", ".join(f"{c['name']} {c.get('proportion', 1):g}" for c in prof["classes"])
-        profiles[name] = f"{mix}; " + (f"modes re-drawn every {prof['mode_period']} rounds" if prof.get("mode_period") else "fixed modes")
-    tables = {"algorithms": catalog.ALGORITHMS, "datasets": catalog.DATASETS, "models": catalog.MODELS, "device profiles": profiles}
+        profiles[name] = f"{mix}; " + (
+            f"modes re-drawn every {prof['mode_period']} rounds" if prof.get("mode_period") else "fixed modes"
+        )
+    tables = {
+        "algorithms": catalog.ALGORITHMS,
+        "datasets": catalog.DATASETS,
+        "models": catalog.MODELS,
+        "device profiles": profiles,
+    }
     width = max(len(name) for table in tables.values() for name in table)
     for title, table in tables.items():
         print(f"{title}:")
@@ -164,7 +182,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job = api.submit(config, address, out=args.out, verbose=args.verbose)
     print(job, flush=True)
     if not args.wait:
-        print(f"rayfl: follow it on the dashboard's Jobs page; fetch its RUN_DIR with: rayfl fetch {job} --address {address}", file=sys.stderr)
+        print(
+            f"rayfl: follow it on the dashboard's Jobs page; fetch its RUN_DIR with: rayfl fetch {job} --address {address}",
+            file=sys.stderr,
+        )
         return 0
     status = api.wait(address, job, verbose=args.verbose)
     if args.fetch and status == 0:
@@ -222,14 +243,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     if args.command == "up":
         record = head.up(args.num_cpus, args.num_gpus, args.dashboard)
-        print(f"rayfl: a local Ray head is up at {record['address']}{', dashboard ' + record['dashboard'] if record['dashboard'] else ''}; rayfl run and tune join it (warm actors) until: rayfl down")
+        print(
+            f"rayfl: a local Ray head is up at {record['address']}{', dashboard ' + record['dashboard'] if record['dashboard'] else ''}; rayfl run and tune join it (warm actors) until: rayfl down"
+        )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")
     else:
         from . import api
 
         if not api.cluster_address(args.address):
-            raise ConfigError("rayfl pool: no running cluster: give --address HOST:PORT, set RAY_ADDRESS, or start one with rayfl up")
+            raise ConfigError(
+                "rayfl pool: no running cluster: give --address HOST:PORT, set RAY_ADDRESS, or start one with rayfl up"
+            )
         api.connect(args.address, dashboard=False)
         from actors.warm import pool_command
 
@@ -254,18 +279,29 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("config", nargs="?", help="config YAML")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
-    submit.add_argument("--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)")
-    submit.add_argument("--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status")
+    submit.add_argument(
+        "--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)"
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status"
+    )
     submit.add_argument("--fetch", action="store_true", help="with --wait: then copy the RUN_DIR here (as rayfl fetch)")
     submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./<job id>)")
-    submit.add_argument("--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job")
+    submit.add_argument(
+        "--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job"
+    )
     submit.set_defaults(func=cmd_submit)
 
     fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
     fetch.add_argument("job", metavar="JOB_ID")
     fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
     fetch.add_argument("--to", metavar="DIR", help="where to (default ./<RUN_DIR name>)")
-    fetch.add_argument("--client-port", type=int, default=10001, help="the head's Ray Client port, for a RUN_DIR only the cluster reads (default 10001)")
+    fetch.add_argument(
+        "--client-port",
+        type=int,
+        default=10001,
+        help="the head's Ray Client port, for a RUN_DIR only the cluster reads (default 10001)",
+    )
     fetch.set_defaults(func=cmd_fetch)
 
 
@@ -285,19 +321,30 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
 
 def add_traces(sub: argparse._SubParsersAction) -> None:
     """`rayfl traces generate | import-fedscale`."""
-    traces = sub.add_parser("traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)")
+    traces = sub.add_parser(
+        "traces", help="device traces: generate a synthetic one, or import FedScale's (docs/devices.md)"
+    )
     actions = traces.add_subparsers(dest="action", required=True)
     gen = actions.add_parser("generate", help="write a realistic synthetic trace (no network needed)")
     gen.add_argument("--devices", type=int, required=True, metavar="N")
     gen.add_argument("--days", type=int, default=7, help="days of diurnal intervals (they repeat after; default 7)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--out", required=True, metavar="DIR")
-    fs = actions.add_parser("import-fedscale", help="convert FedScale's client_device_capacity and client_behave_trace pickles")
+    fs = actions.add_parser(
+        "import-fedscale", help="convert FedScale's client_device_capacity and client_behave_trace pickles"
+    )
     fs.add_argument("capacity", metavar="CAPACITY_FILE")
     fs.add_argument("behaviour", metavar="BEHAVE_FILE")
     fs.add_argument("--out", required=True, metavar="DIR")
-    fs.add_argument("--reference-flops", type=float, default=6.0e8, help="forward FLOPs per sample of the model FedScale's latencies stand for (default MobileNetV2's)")
-    fs.add_argument("--memory-mb", type=float, default=1024.0, help="every device's memory budget, MiB (FedScale's files have none)")
+    fs.add_argument(
+        "--reference-flops",
+        type=float,
+        default=6.0e8,
+        help="forward FLOPs per sample of the model FedScale's latencies stand for (default MobileNetV2's)",
+    )
+    fs.add_argument(
+        "--memory-mb", type=float, default=1024.0, help="every device's memory budget, MiB (FedScale's files have none)"
+    )
     traces.set_defaults(func=cmd_traces)
 
 
@@ -309,9 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one federation (the embedded default without CONFIG)")
     run.add_argument("config", nargs="?", help="config YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    run.add_argument("--out", help="RUN_DIR: a folder or a URI (s3://, gs://, file://; default runs/<time>-<algorithm>-<dataset>, in a Ray job ~/rayfl/runs/<job id>)")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)")
-    run.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)")
+    run.add_argument(
+        "--out",
+        help="RUN_DIR: a folder or a URI (s3://, gs://, file://; default runs/<time>-<algorithm>-<dataset>, in a Ray job ~/rayfl/runs/<job id>)",
+    )
+    run.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)"
+    )
+    run.add_argument(
+        "--address",
+        help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)",
+    )
     run.add_argument("--local", action="store_true", help="run in this process without Ray (the reference runner)")
     run.add_argument("--config-env", help=argparse.SUPPRESS)
     run.add_argument("--progress", choices=["bar", "lines"], default="bar", help=argparse.SUPPRESS)
@@ -321,23 +376,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="search a federation's hyperparameters and device mixes with Ray Tune")
     tune.add_argument("tune", metavar="TUNE", help="TUNE.yaml: a base run config, a search section, metric, scheduler")
-    tune.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config")
+    tune.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a key of the base run config"
+    )
     tune.add_argument("--resume", action="store_true", help="restore the interrupted experiment and finish it")
-    tune.add_argument("--address", help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)")
-    tune.add_argument("--verbose", action="store_true", help="Tune's status tables and Ray's log lines (default: a bar of trials and the final table)")
+    tune.add_argument(
+        "--address",
+        help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)",
+    )
+    tune.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Tune's status tables and Ray's log lines (default: a bar of trials and the final table)",
+    )
     tune.set_defaults(func=cmd_tune)
 
     sub.add_parser("list", help="algorithms, datasets, models and device profiles").set_defaults(func=cmd_list)
 
     compare = sub.add_parser("compare", help="runs side by side: a table (seeds of a config pooled) and accuracy plots")
     compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    compare.add_argument("--target", type=float, metavar="ACC", help="accuracy for time / rounds to target (default: each run's federation.target_accuracy)")
-    compare.add_argument("--last", type=int, default=1, metavar="K", help="final accuracy: the mean of the last K evaluated rounds (default 1)")
-    compare.add_argument("--column", action="append", default=[], metavar="NAME", help="add the mean over rounds of this metrics.parquet column (e.g. kl)")
-    compare.add_argument("--out", default="compare", help="folder for compare.csv, compare.md and the PNGs (default: ./compare)")
+    compare.add_argument(
+        "--target",
+        type=float,
+        metavar="ACC",
+        help="accuracy for time / rounds to target (default: each run's federation.target_accuracy)",
+    )
+    compare.add_argument(
+        "--last",
+        type=int,
+        default=1,
+        metavar="K",
+        help="final accuracy: the mean of the last K evaluated rounds (default 1)",
+    )
+    compare.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="add the mean over rounds of this metrics.parquet column (e.g. kl)",
+    )
+    compare.add_argument(
+        "--out", default="compare", help="folder for compare.csv, compare.md and the PNGs (default: ./compare)"
+    )
     compare.set_defaults(func=cmd_compare)
 
-    timeline = sub.add_parser("timeline", help="a run's virtual clock as a Gantt chart (and the staleness of an async run's updates)")
+    timeline = sub.add_parser(
+        "timeline", help="a run's virtual clock as a Gantt chart (and the staleness of an async run's updates)"
+    )
     timeline.add_argument("run_dir", metavar="RUN_DIR")
     timeline.add_argument("--rounds", metavar="A-B", help="only these rounds (server steps), e.g. 1-5 (default: all)")
     timeline.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/timeline.png)")
@@ -372,7 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if type(exc).__name__ == "RunFailed":  # one line already, its cause cut, its resume hint whole
             print(f"rayfl: run failed: {exc}", file=sys.stderr)
         else:
-            print(f"rayfl: run failed: {shown((f'{type(exc).__name__}: {exc}'.splitlines() or [''])[0])}", file=sys.stderr)
+            print(
+                f"rayfl: run failed: {shown((f'{type(exc).__name__}: {exc}'.splitlines() or [''])[0])}", file=sys.stderr
+            )
         return 1
 
 

@@ -22,7 +22,14 @@ import yaml
 from .config import ConfigError
 from .metrics import read_metrics
 
-NOT_COMPARED = ("seed", "ray.", "metrics.", "federation.checkpoint_every", "federation.target_accuracy", "data.data_dir")
+NOT_COMPARED = (
+    "seed",
+    "ray.",
+    "metrics.",
+    "federation.checkpoint_every",
+    "federation.target_accuracy",
+    "data.data_dir",
+)
 """Config keys (or prefixes) that do not change what a run computes: runs that differ only in
 these are seeds of one config."""
 
@@ -111,13 +118,23 @@ def labels(groups: Sequence[Sequence[Run]]) -> list[str]:
     configs = [g[0].config for g in groups]
 
     def differs(key: str, config: dict[str, Any]) -> bool:
-        peers = [c for c in configs if key in c and (not key.startswith("algorithm.") or c["algorithm.name"] == config["algorithm.name"])]
+        peers = [
+            c
+            for c in configs
+            if key in c and (not key.startswith("algorithm.") or c["algorithm.name"] == config["algorithm.name"])
+        ]
         return len({repr(c[key]) for c in peers}) > 1
 
     return [", ".join(f"{k}={c[k]}" for k in sorted(c) if k != "algorithm.name" and differs(k, c)) for c in configs]
 
 
-def table(groups: Sequence[Sequence[Run]], target: float | None = None, last: int = 1, columns: Sequence[str] = (), names: Sequence[str] | None = None) -> pd.DataFrame:
+def table(
+    groups: Sequence[Sequence[Run]],
+    target: float | None = None,
+    last: int = 1,
+    columns: Sequence[str] = (),
+    names: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """A row per config: algorithm, config (its differences, or its name from `names`), seeds, how
     many reached the target, and `<figure>_mean` / `<figure>_std` for each figure (and each extra
     metrics column: its mean over rounds). `target` defaults to each run's
@@ -152,7 +169,9 @@ def markdown(frame: pd.DataFrame, columns: Sequence[str] = ()) -> str:
             "config": frame["config"].replace("", "-"),
             "seeds": frame["seeds"],
             **{heading: [cell(r, f, fmt) for _, r in frame.iterrows()] for f, (heading, fmt) in shown.items()},
-            "reached target": ["-" if pd.isna(r) else f"{int(r)}/{n}" for r, n in zip(frame["reached"], frame["seeds"])],
+            "reached target": [
+                "-" if pd.isna(r) else f"{int(r)}/{n}" for r, n in zip(frame["reached"], frame["seeds"])
+            ],
         }
     )
     return out.to_markdown(index=False, disable_numparse=True)  # cells as formatted
@@ -173,14 +192,20 @@ def plot(groups: Sequence[Sequence[Run]], out_dir: str | Path, names: Sequence[s
         short = [label.replace("algorithm.", "") for label in labels(groups)]
         names = [f"{g[0].config['algorithm.name']}{f' ({label})' if label else ''}" for g, label in zip(groups, short)]
     written = []
-    for axis, heading in (("round", "round"), ("virtual_time_s", "virtual time (s)"), ("bytes_mb", "traffic (MB, up + down)")):
+    for axis, heading in (
+        ("round", "round"),
+        ("virtual_time_s", "virtual time (s)"),
+        ("bytes_mb", "traffic (MB, up + down)"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (group, name) in enumerate(zip(groups, names)):
             x, ys = curves(group, axis)
             if not len(x):  # no seed of this config was evaluated
                 continue
             mean = ys.mean(axis=0)
-            (line,) = ax.plot(x, mean, label=name, linewidth=1.4, linestyle="-" if i < 10 else "--")  # past the 10 colours: dashed
+            (line,) = ax.plot(
+                x, mean, label=name, linewidth=1.4, linestyle="-" if i < 10 else "--"
+            )  # past the 10 colours: dashed
             if len(group) > 1:
                 ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.18, linewidth=0)
         ax.set_xlabel(heading)
@@ -207,12 +232,20 @@ def curves(group: Sequence[Run], axis: str) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0), np.zeros((0, 0))
     if axis == "round":
         rounds = sorted(set.intersection(*(set(f["round"]) for f in frames)))
-        return np.array(rounds), np.stack([f.set_index("round").loc[rounds, "test_accuracy"].to_numpy() for f in frames])
+        return np.array(rounds), np.stack(
+            [f.set_index("round").loc[rounds, "test_accuracy"].to_numpy() for f in frames]
+        )
     x = np.linspace(max(f[axis].iloc[0] for f in frames), min(f[axis].iloc[-1] for f in frames), 200)
     return x, np.stack([np.interp(x, f[axis], f["test_accuracy"]) for f in frames])
 
 
-def compare(run_dirs: Sequence[str | Path], out_dir: str | Path, target: float | None = None, last: int = 1, columns: Sequence[str] = ()) -> tuple[str, list[Path]]:
+def compare(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    target: float | None = None,
+    last: int = 1,
+    columns: Sequence[str] = (),
+) -> tuple[str, list[Path]]:
     """The table (returned as Markdown, written as `compare.csv` and `compare.md`) and the three
     plots, in `out_dir`."""
     if target is not None and not 0 < target <= 1:

@@ -18,10 +18,15 @@ from pydantic import ConfigDict, Field, SerializeAsAny, ValidationInfo, field_va
 
 from .config_devices import DevicesConfig
 from .config_ray import RayConfig
-from .configbase import MAX_CLIENTS, MAX_PER_ROUND, MAX_ROUNDS, ConfigError as ConfigError, Strict  # ConfigError: every module raises it from here
-
-
-
+from .configbase import (
+    MAX_CLIENTS,
+    MAX_PER_ROUND,
+    MAX_ROUNDS,
+    Strict,
+)  # ConfigError: every module raises it from here
+from .configbase import (
+    ConfigError as ConfigError,
+)
 
 # ----------------------------------------------------------------------------- data
 
@@ -64,7 +69,9 @@ class SampledPartition(Strict):
     client): any number of logical clients at no cost until drawn; clients may share samples."""
 
     kind: Literal["sampled"] = "sampled"
-    mix: Literal["iid", "dirichlet"] = Field("dirichlet", description="iid: a uniform draw; dirichlet: label mix Dir(alpha * q)")
+    mix: Literal["iid", "dirichlet"] = Field(
+        "dirichlet", description="iid: a uniform draw; dirichlet: label mix Dir(alpha * q)"
+    )
     alpha: float = Field(0.5, gt=0, description="concentration alpha of the label mix")
     size: int = Field(50, ge=1, description="samples per client")
 
@@ -74,7 +81,10 @@ class NaturalPartition(Strict):
     Face dataset with a client column (FEMNIST's writers) splits `by` it."""
 
     kind: Literal["natural"] = "natural"
-    by: str | None = Field(None, description="the column naming each sample's client (data.name: hf); its values in sorted order are clients 0, 1, ...")
+    by: str | None = Field(
+        None,
+        description="the column naming each sample's client (data.name: hf); its values in sorted order are clients 0, 1, ...",
+    )
 
 
 class FlwrPartition(Strict):
@@ -88,7 +98,15 @@ class FlwrPartition(Strict):
 
 
 PartitionConfig = Annotated[
-    Union[IidPartition, DirichletPartition, ShardsPartition, NonIidLevelPartition, SampledPartition, NaturalPartition, FlwrPartition],
+    Union[
+        IidPartition,
+        DirichletPartition,
+        ShardsPartition,
+        NonIidLevelPartition,
+        SampledPartition,
+        NaturalPartition,
+        FlwrPartition,
+    ],
     Field(discriminator="kind"),
 ]
 
@@ -106,10 +124,17 @@ class SyntheticConfig(Strict):
 class HFFeatures(Strict):
     """Which columns of a Hugging Face dataset are the input and the label."""
 
-    image: str | None = Field(None, description="an image column: decoded, resized to image_size, scaled and standardized")
-    text: str | None = Field(None, description="a text column: hashed into text_dim token counts (scikit-learn's HashingVectorizer), l2-normed")
+    image: str | None = Field(
+        None, description="an image column: decoded, resized to image_size, scaled and standardized"
+    )
+    text: str | None = Field(
+        None,
+        description="a text column: hashed into text_dim token counts (scikit-learn's HashingVectorizer), l2-normed",
+    )
     label: str = "label"
-    image_size: tuple[int, int] | None = Field(None, description="[H, W] every image is resized to (default: the first training image's)")
+    image_size: tuple[int, int] | None = Field(
+        None, description="[H, W] every image is resized to (default: the first training image's)"
+    )
     text_dim: int = Field(1024, ge=1, description="features of a hashed text")
 
     @model_validator(mode="after")
@@ -126,15 +151,23 @@ class DataConfig(Strict):
     num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     partition: PartitionConfig = DirichletPartition()
     synthetic: SyntheticConfig = SyntheticConfig()
-    path: str | None = Field(None, description="data.name hf: a Hugging Face hub id, or a local folder or file (imagefolder, csv, json, parquet)")
+    path: str | None = Field(
+        None,
+        description="data.name hf: a Hugging Face hub id, or a local folder or file (imagefolder, csv, json, parquet)",
+    )
     split: str = Field("train", description="data.name hf: the training split")
-    test_split: str | None = Field("test", description="data.name hf: the test split; when the dataset has none, a seeded 20% of the training split")
+    test_split: str | None = Field(
+        "test",
+        description="data.name hf: the test split; when the dataset has none, a seeded 20% of the training split",
+    )
     features: HFFeatures | None = Field(None, description="data.name hf: the input and label columns")
 
     @model_validator(mode="after")
     def _hf(self) -> "DataConfig":
         if self.name == "hf" and (self.path is None or self.features is None):
-            raise ValueError("data: name hf needs data.path and data.features ({image: COLUMN} or {text: COLUMN}, label: COLUMN)")
+            raise ValueError(
+                "data: name hf needs data.path and data.features ({image: COLUMN} or {text: COLUMN}, label: COLUMN)"
+            )
         if isinstance(self.partition, FlwrPartition) and self.name != "hf":
             raise ValueError("data.partition: kind flwr partitions a Hugging Face dataset (data.name: hf)")
         if isinstance(self.partition, NaturalPartition) and self.partition.by is not None and self.name != "hf":
@@ -150,7 +183,8 @@ class ModelConfig(Strict):
 
     name: str = "cnn"
     init_weights: Path | None = Field(
-        None, description="a state dict saved with torch.save: the global model starts from its tensors whose names and shapes match (a new head keeps its initialisation)"
+        None,
+        description="a state dict saved with torch.save: the global model starts from its tensors whose names and shapes match (a new head keeps its initialisation)",
     )
 
     @field_validator("init_weights")
@@ -175,7 +209,11 @@ class Schedule(Strict):
     from 0.1). Rounds 1..W take lr * r / W; the schedule then runs over the other R - W rounds as
     it would over a whole run of that length (round W + 1 takes lr)."""
 
-    warmup_rounds: int = Field(0, ge=0, description="W: rounds over which the rate rises linearly to lr (round r: lr r / W) before the schedule starts")
+    warmup_rounds: int = Field(
+        0,
+        ge=0,
+        description="W: rounds over which the rate rises linearly to lr (round r: lr r / W) before the schedule starts",
+    )
 
 
 class ConstantSchedule(Schedule):
@@ -196,7 +234,9 @@ class MultiStepSchedule(Schedule):
     """lr times gamma at each milestone (HeteroFL: MultiStepLR, gamma 0.1, stepped per round)."""
 
     kind: Literal["multistep"] = "multistep"
-    milestones: list[float] = Field(min_length=1, description="fractions of the rounds in (0, 1), or round numbers >= 1")
+    milestones: list[float] = Field(
+        min_length=1, description="fractions of the rounds in (0, 1), or round numbers >= 1"
+    )
     gamma: float = Field(0.1, gt=0, le=1)
 
     @field_validator("milestones")
@@ -252,10 +292,22 @@ class DeadlineConfig(Strict):
     Sec. 2.2): select ceil(K (1 + over_selection)) clients, close the round at the K-th update or
     at the deadline, whichever comes first."""
 
-    target_clients: int | None = Field(None, ge=1, le=MAX_PER_ROUND, description="K: the updates that close a round (None: federation.clients_per_round)")
+    target_clients: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PER_ROUND,
+        description="K: the updates that close a round (None: federation.clients_per_round)",
+    )
     over_selection: float = Field(0.3, ge=0, allow_inf_nan=False, description="select this fraction more than K")
-    deadline_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="virtual seconds after its start a round closes at the latest (None: no deadline)")
-    late: Literal["drop", "carry"] = Field("drop", description="a late update: dropped, or carried into the round it arrives in, weighted by its staleness")
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="virtual seconds after its start a round closes at the latest (None: no deadline)",
+    )
+    late: Literal["drop", "carry"] = Field(
+        "drop", description="a late update: dropped, or carried into the round it arrives in, weighted by its staleness"
+    )
 
 
 class AsyncConfig(Strict):
@@ -263,50 +315,89 @@ class AsyncConfig(Strict):
     it reports; the server steps by FedAsync's rule (Xie et al. 2019) or FedBuff's (Nguyen et
     al., AISTATS 2022)."""
 
-    rule: Literal["fedasync", "fedbuff"] = Field("fedbuff", description="fedasync: mix every update in; fedbuff: a server step per buffer_size updates")
-    concurrency: int | None = Field(None, ge=1, le=MAX_PER_ROUND, description="clients in flight (None: federation.clients_per_round)")
+    rule: Literal["fedasync", "fedbuff"] = Field(
+        "fedbuff", description="fedasync: mix every update in; fedbuff: a server step per buffer_size updates"
+    )
+    concurrency: int | None = Field(
+        None, ge=1, le=MAX_PER_ROUND, description="clients in flight (None: federation.clients_per_round)"
+    )
     buffer_size: int = Field(5, ge=1, description="FedBuff's K: updates per server step (at most concurrency)")
-    mixing: float = Field(0.6, gt=0, le=1, description="FedAsync's alpha: x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau)")
+    mixing: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="FedAsync's alpha: x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = alpha s(t - tau)",
+    )
 
 
 class FederationConfig(Strict):
-    mode: Literal["sync", "deadline", "async"] = Field("sync", description="sync: every round waits for its slowest client; deadline: over-select, close at K updates or the deadline; async: FedAsync / FedBuff")
+    mode: Literal["sync", "deadline", "async"] = Field(
+        "sync",
+        description="sync: every round waits for its slowest client; deadline: over-select, close at K updates or the deadline; async: FedAsync / FedBuff",
+    )
     deadline: DeadlineConfig = DeadlineConfig()
     asynchronous: AsyncConfig = Field(AsyncConfig(), alias="async")
-    staleness: StalenessConfig = Field(StalenessConfig(), description="how a stale update is weighted (async, and deadline with late: carry)")
+    staleness: StalenessConfig = Field(
+        StalenessConfig(), description="how a stale update is weighted (async, and deadline with late: carry)"
+    )
     rounds: int = Field(30, ge=1, le=MAX_ROUNDS, description="rounds; under mode async, server steps (model versions)")
     clients_per_round: int = Field(10, ge=1, le=MAX_PER_ROUND)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(10, ge=1)
-    optimizer: Literal["sgd", "adam"] = Field("sgd", description="the clients' local optimizer (and a split top model's)")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="the clients' local optimizer (and a split top model's)"
+    )
     lr: float = Field(0.05, gt=0)
     lr_schedule: LrSchedule = Field(ConstantSchedule(), description="lr over rounds; the server sets each round's rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (sgd only)")
     weight_decay: float = Field(0.0, ge=0)
-    grad_clip: GradClip | None = Field(None, description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} (HeteroFL: norm 1; FedSup's code: value 1)")
+    grad_clip: GradClip | None = Field(
+        None,
+        description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} (HeteroFL: norm 1; FedSup's code: value 1)",
+    )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
-    eval_clients: int = Field(1000, ge=1, le=MAX_PER_ROUND, description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients")
+    eval_clients: int = Field(
+        1000,
+        ge=1,
+        le=MAX_PER_ROUND,
+        description="where test data is per client (synthetic): evaluate on a seeded sample of this many clients",
+    )
     eval_batch_size: int = Field(500, ge=1)
     personalize_epochs: int = Field(
-        0, ge=0, description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy / personal_accuracy (FedSup Sec. 4.1); 0: off"
+        0,
+        ge=0,
+        description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy / personal_accuracy (FedSup Sec. 4.1); 0: off",
     )
     personalize_lr: float | None = Field(None, gt=0, description="the head fine-tuning rate (None: lr)")
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
     max_failed_fraction: float = Field(
-        0.5, ge=0, le=1, description="on Ray: a round that lost more than this fraction of its clients to dying client actors (not their own failures) runs them again instead of recording them"
+        0.5,
+        ge=0,
+        le=1,
+        description="on Ray: a round that lost more than this fraction of its clients to dying client actors (not their own failures) runs them again instead of recording them",
     )
-    target_accuracy: float | None = Field(None, gt=0, le=1, description="summary.json reports the virtual time to reach it")
+    target_accuracy: float | None = Field(
+        None, gt=0, le=1, description="summary.json reports the virtual time to reach it"
+    )
 
     @model_validator(mode="after")
     def _buffer_fits(self) -> "FederationConfig":
-        if self.mode == "async" and self.asynchronous.rule == "fedbuff" and self.asynchronous.buffer_size > self.concurrency:
-            raise ValueError(f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, federation.async.concurrency ({self.concurrency}): the buffer would never fill")
+        if (
+            self.mode == "async"
+            and self.asynchronous.rule == "fedbuff"
+            and self.asynchronous.buffer_size > self.concurrency
+        ):
+            raise ValueError(
+                f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, federation.async.concurrency ({self.concurrency}): the buffer would never fill"
+            )
         return self
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "FederationConfig":
         if self.lr_schedule.warmup_rounds >= self.rounds:
-            raise ValueError(f"federation.lr_schedule.warmup_rounds ({self.lr_schedule.warmup_rounds}) leaves no round of the schedule: give fewer than federation.rounds ({self.rounds})")
+            raise ValueError(
+                f"federation.lr_schedule.warmup_rounds ({self.lr_schedule.warmup_rounds}) leaves no round of the schedule: give fewer than federation.rounds ({self.rounds})"
+            )
         return self
 
     @property
@@ -336,7 +427,9 @@ class FederationConfig(Strict):
 
 
 class MetricsConfig(Strict):
-    tensorboard: bool = Field(True, description="write each round's scalars and the config as TensorBoard events under RUN_DIR/tb")
+    tensorboard: bool = Field(
+        True, description="write each round's scalars and the config as TensorBoard events under RUN_DIR/tb"
+    )
 
 
 class RunConfig(Strict):
@@ -361,7 +454,11 @@ class RunConfig(Strict):
             return ray_cfg.clients_per_call
         if ray_cfg.gpus_per_actor == 0:
             return 5
-        actors = ray_cfg.num_actors if ray_cfg.num_actors != "auto" else max(1, math.floor(1 / ray_cfg.gpus_per_actor + 1e-9))
+        actors = (
+            ray_cfg.num_actors
+            if ray_cfg.num_actors != "auto"
+            else max(1, math.floor(1 / ray_cfg.gpus_per_actor + 1e-9))
+        )
         return math.ceil(self.federation.clients_per_round / actors)
 
     @model_validator(mode="after")
@@ -370,16 +467,22 @@ class RunConfig(Strict):
         if fed.clients_per_round > n:
             raise ValueError(f"federation.clients_per_round ({fed.clients_per_round}) exceeds data.num_clients ({n})")
         if fed.mode == "deadline" and fed.selected_clients > n:
-            raise ValueError(f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} selects {fed.selected_clients} clients; data.num_clients is {n}")
+            raise ValueError(
+                f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} selects {fed.selected_clients} clients; data.num_clients is {n}"
+            )
         if fed.mode == "async" and fed.concurrency > n:
             raise ValueError(f"federation.async.concurrency ({fed.concurrency}) exceeds data.num_clients ({n})")
         initial = self.devices.population.initial
         if initial is not None and initial > n:
             raise ValueError(f"devices.population.initial ({initial}) exceeds data.num_clients ({n})")
         if self.devices.population.arrivals_per_hour > 0 and (initial or n) >= n:
-            raise ValueError(f"devices.population: arrivals need client ids to arrive as; set initial below data.num_clients ({n})")
+            raise ValueError(
+                f"devices.population: arrivals need client ids to arrive as; set initial below data.num_clients ({n})"
+            )
         if fed.mode != "sync" and self.clock == "emulate":
-            raise ValueError(f"clock: emulate paces synchronous rounds only; federation.mode {fed.mode} runs on the virtual clock")
+            raise ValueError(
+                f"clock: emulate paces synchronous rounds only; federation.mode {fed.mode} runs on the virtual clock"
+            )
         return self
 
 

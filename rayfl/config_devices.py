@@ -25,16 +25,26 @@ class DiurnalAvailability(Strict):
     device, in sessions of mean length `session_s` (a two-state chain on a grid of `slot_s`)."""
 
     kind: Literal["diurnal"]
-    on_fraction: float = Field(0.3, gt=0, lt=1, description="the share of time a device is online, averaged over the day")
-    session_s: float = Field(1800.0, gt=0, allow_inf_nan=False, description="mean length of an online session, virtual seconds")
-    amplitude: float = Field(0.8, ge=0, allow_inf_nan=False, description="depth of the day cycle: 0 flat, 1 never online at the trough")
+    on_fraction: float = Field(
+        0.3, gt=0, lt=1, description="the share of time a device is online, averaged over the day"
+    )
+    session_s: float = Field(
+        1800.0, gt=0, allow_inf_nan=False, description="mean length of an online session, virtual seconds"
+    )
+    amplitude: float = Field(
+        0.8, ge=0, allow_inf_nan=False, description="depth of the day cycle: 0 flat, 1 never online at the trough"
+    )
     period_s: float = Field(86400.0, gt=0, allow_inf_nan=False, description="length of the cycle (a day)")
-    slot_s: float = Field(60.0, gt=0, allow_inf_nan=False, description="the chain's time step; sessions start and end on it")
+    slot_s: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="the chain's time step; sessions start and end on it"
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> "DiurnalAvailability":
         if self.on_fraction * (1 + self.amplitude) > 1:
-            raise ValueError(f"on_fraction ({self.on_fraction:g}) x (1 + amplitude ({self.amplitude:g})) exceeds 1: the peak would be online more than always")
+            raise ValueError(
+                f"on_fraction ({self.on_fraction:g}) x (1 + amplitude ({self.amplitude:g})) exceeds 1: the peak would be online more than always"
+            )
         if self.slot_s >= self.session_s:
             raise ValueError(f"slot_s ({self.slot_s:g}) must be shorter than session_s ({self.session_s:g})")
         return self
@@ -46,7 +56,9 @@ class TraceAvailability(Strict):
     kind: Literal["trace"]
 
 
-Availability = Annotated[Union[BernoulliAvailability, DiurnalAvailability, TraceAvailability], Field(discriminator="kind")]
+Availability = Annotated[
+    Union[BernoulliAvailability, DiurnalAvailability, TraceAvailability], Field(discriminator="kind")
+]
 
 
 class PopulationConfig(Strict):
@@ -70,8 +82,13 @@ class DevicesConfig(Strict):
         None,
         description="class proportions replacing the profile's, in its class order, e.g. '1:2:7' (weak:medium:strong)",
     )
-    trace: str | None = Field(None, description="a device trace folder (devices.parquet, intervals.parquet; docs/devices.md): replaces the profile")
-    availability: Availability = Field(BernoulliAvailability(), description="when a device is online: bernoulli | diurnal | trace")
+    trace: str | None = Field(
+        None,
+        description="a device trace folder (devices.parquet, intervals.parquet; docs/devices.md): replaces the profile",
+    )
+    availability: Availability = Field(
+        BernoulliAvailability(), description="when a device is online: bernoulli | diurnal | trace"
+    )
     population: PopulationConfig = PopulationConfig()
 
     @field_validator("mix")

@@ -16,11 +16,23 @@ class RayConfig(Strict):
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
     dashboard: bool = Field(True, description="start the dashboard (127.0.0.1) with a local cluster")
-    actor_timeout_s: float = Field(600.0, gt=0, description="give up when client actors that fit the cluster are not placed, or none answers, within this")
-    coordinator_node: str = Field("head", min_length=1, description="where the coordinator runs: head (the head node), any, or the name of a custom resource the chosen nodes have")
-    coordinator_restarts: int = Field(3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)")
+    actor_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="give up when client actors that fit the cluster are not placed, or none answers, within this",
+    )
+    coordinator_node: str = Field(
+        "head",
+        min_length=1,
+        description="where the coordinator runs: head (the head node), any, or the name of a custom resource the chosen nodes have",
+    )
+    coordinator_restarts: int = Field(
+        3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)"
+    )
     pool_idle_s: float = Field(
-        300.0, ge=0, description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: they leave with the run (docs/ray.md)"
+        300.0,
+        ge=0,
+        description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: they leave with the run (docs/ray.md)",
     )
     vectorize: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
         "auto",

@@ -37,7 +37,9 @@ def shown(text: str, limit: int = MAX_SHOWN) -> str:
     """`text` fit to print on one line: control, format (bidi overrides, zero-width) and line
     separator characters escaped as `\\uXXXX`, and the middle of a line longer than `limit`
     replaced by `...(N characters)...`."""
-    safe = "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") else c for c in text)
+    safe = "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") else c for c in text
+    )
     if len(safe) <= limit:
         return safe
     keep = (limit - 30) // 2

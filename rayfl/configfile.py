@@ -45,7 +45,11 @@ def known_keys(schema: type[BaseModel], parts: list[str]) -> set[str]:
         for model in models:
             field = model.model_fields.get(part)
             if field is not None:
-                inner += [t for t in (typing.get_args(field.annotation) or (field.annotation,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+                inner += [
+                    t
+                    for t in (typing.get_args(field.annotation) or (field.annotation,))
+                    if isinstance(t, type) and issubclass(t, BaseModel)
+                ]
         models = inner
     return {name for model in models for name in model.model_fields}
 
@@ -84,14 +88,18 @@ class Loader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "an alias (*name) is not allowed", self.peek_event().start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, "an alias (*name) is not allowed", self.peek_event().start_mark
+            )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                raise yaml.constructor.ConstructorError(None, None, "a key must be a plain value, not a list or mapping", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a plain value, not a list or mapping", key_node.start_mark
+                )
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -101,7 +109,9 @@ class Loader(yaml.SafeLoader):
 
 Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 for _digit in "0123456789":  # checked before int and float
-    Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(0, ("tag:yaml.org,2002:str", re.compile(r"^[0-9]+(?:\.[0-9]*)?(?::[0-9]+(?:\.[0-9]*)?)+$")))
+    Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(
+        0, ("tag:yaml.org,2002:str", re.compile(r"^[0-9]+(?:\.[0-9]*)?(?::[0-9]+(?:\.[0-9]*)?)+$"))
+    )
 
 
 def parse_yaml(text: str | bytes, where: str) -> Any:

@@ -31,7 +31,9 @@ class Evaluator:
         """Logits of the whole test set under `model` (eval mode, no grad)."""
         model.eval()
         with torch.no_grad():
-            batches = (torch.tensor(self.x_test[i : i + self.batch_size]) for i in range(0, len(self.y), self.batch_size))
+            batches = (
+                torch.tensor(self.x_test[i : i + self.batch_size]) for i in range(0, len(self.y), self.batch_size)
+            )
             return torch.cat([model(x) for x in batches])
 
     def __call__(self, weights: Weights, variant: ModelConfig) -> dict[str, float]:

@@ -100,7 +100,9 @@ def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     raw = with_default_tags(with_source_partition(with_default_profile(raw)), RunConfig, RunConfig())
     parsed = dict(raw)
     parsed["model"] = _section(raw, "model", models.config_class, default_model(raw))
-    parsed["algorithm"] = _section(raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name)
+    parsed["algorithm"] = _section(
+        raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name
+    )
     try:
         config = RunConfig.model_validate(parsed)
     except ValidationError as exc:
@@ -152,7 +154,13 @@ def _copy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
 
 
-PATHS = {("data", "data_dir"): True, ("model", "init_weights"): True, ("devices", "trace"): True, ("devices", "profile"): False, ("data", "path"): False}
+PATHS = {
+    ("data", "data_dir"): True,
+    ("model", "init_weights"): True,
+    ("devices", "trace"): True,
+    ("devices", "profile"): False,
+    ("data", "path"): False,
+}
 """The config keys that name files or folders: key -> always a path (True), or a path only where
 one exists, else a name (a built-in device profile, a Hugging Face hub id)."""
 

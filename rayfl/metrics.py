@@ -48,7 +48,9 @@ class Recorder:
     """Collects round and client rows for one RUN_DIR and writes them as Parquet. It keeps the
     absolute path: a recorder travels to the coordinator actor, whose working directory may differ."""
 
-    def __init__(self, run_dir: str | Path, rounds: Sequence[Mapping[str, Any]] = (), clients: Sequence[Mapping[str, Any]] = ()):
+    def __init__(
+        self, run_dir: str | Path, rounds: Sequence[Mapping[str, Any]] = (), clients: Sequence[Mapping[str, Any]] = ()
+    ):
         self.run_dir = Path(run_dir).resolve()
         self.rounds: list[dict[str, Any]] = [dict(r) for r in rounds]
         self.clients: list[dict[str, Any]] = [dict(r) for r in clients]
@@ -57,8 +59,12 @@ class Recorder:
     def reopen(cls, run_dir: str | Path, through_round: int) -> "Recorder":
         """A run's recorder as it stood after `through_round` (later rows are dropped)."""
         run_dir = Path(run_dir)
-        rounds = pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").is_file() else pd.DataFrame()
-        clients = pd.read_parquet(run_dir / "clients.parquet") if (run_dir / "clients.parquet").is_file() else pd.DataFrame()
+        rounds = (
+            pd.read_parquet(run_dir / "metrics.parquet") if (run_dir / "metrics.parquet").is_file() else pd.DataFrame()
+        )
+        clients = (
+            pd.read_parquet(run_dir / "clients.parquet") if (run_dir / "clients.parquet").is_file() else pd.DataFrame()
+        )
         keep = lambda df: df[df["round"] <= through_round].to_dict("records") if len(df) else []  # noqa: E731
         return cls(run_dir, keep(rounds), keep(clients))
 
@@ -81,7 +87,9 @@ class Recorder:
             frame.to_parquet(buffer, index=False)
             write_atomic(self.run_dir / f"{name}.parquet", buffer.getvalue())
 
-    def summary(self, algorithm: str, extra: Mapping[str, Any] | None = None, target: float | None = None) -> dict[str, Any]:
+    def summary(
+        self, algorithm: str, extra: Mapping[str, Any] | None = None, target: float | None = None
+    ) -> dict[str, Any]:
         """The contract's summary keys (plus `extra`), written to `summary.json`. With a `target`
         accuracy, `time_to_target_s` is the virtual time of the first round reaching it (None if none did)."""
         acc = [r["test_accuracy"] for r in self.rounds if not math.isnan(r["test_accuracy"])]
@@ -132,7 +140,10 @@ class TensorBoard:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.events = EventsWriter(str(Path(log_dir) / "events"), suffix)
         self.path = log_dir
-        self.write(Event(step=first_round, session_log=SessionLog(status=SessionLog.START)), Event(step=first_round - 1, summary=text("config", f"```yaml\n{config_yaml}```")))
+        self.write(
+            Event(step=first_round, session_log=SessionLog(status=SessionLog.START)),
+            Event(step=first_round - 1, summary=text("config", f"```yaml\n{config_yaml}```")),
+        )
 
     def write(self, *events: Any) -> None:
         """The events appended, then flushed once."""
@@ -145,8 +156,14 @@ class TensorBoard:
     def add(self, row: Mapping[str, Any]) -> None:
         from tensorboardX.summary import scalar
 
-        numbers_of = [(k, v) for k, v in row.items() if k != "round" and isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
-        self.write(*(self.event(step=row["round"], summary=scalar(k.replace("@", "/"), float(v))) for k, v in numbers_of))
+        numbers_of = [
+            (k, v)
+            for k, v in row.items()
+            if k != "round" and isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        self.write(
+            *(self.event(step=row["round"], summary=scalar(k.replace("@", "/"), float(v))) for k, v in numbers_of)
+        )
 
     def close(self) -> None:
         with naming(self.path):

@@ -14,7 +14,18 @@ from typing import Any, Callable, Sequence
 from .algorithms.exchange import LocalRelay, RoundDriver, SessionFailed, client_side
 from .algorithms.messages import ClientFailure, ClientResult, ClientTask
 from .config import RunConfig
-from .engine import ClientRunner, Federation, GroupOutcome, Pace, Progress, new_run_dir, prepare, run_federation, run_group, torch_threads
+from .engine import (
+    ClientRunner,
+    Federation,
+    GroupOutcome,
+    Pace,
+    Progress,
+    new_run_dir,
+    prepare,
+    run_federation,
+    run_group,
+    torch_threads,
+)
 from .engine.host import exchange_failed
 
 
@@ -25,7 +36,9 @@ class InProcessExecutor:
         self.runner = ClientRunner.of(fed)
         self.policy = fed.policy
 
-    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+    def submit(
+        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+    ) -> Callable[[], list[GroupOutcome]]:
         def gather() -> list[GroupOutcome]:
             out = []
             for group in groups:

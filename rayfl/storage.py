@@ -74,8 +74,6 @@ def naming(path: str | Path) -> Iterator[None]:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
 
 
-
-
 def uri_exists(uri: str) -> bool:
     from pyarrow import fs
 

@@ -63,7 +63,9 @@ def segments(run_dir: str | Path, rounds: str | None = None) -> tuple[pd.DataFra
     ends = dict(zip(metrics["round"], metrics["virtual_time_s"]))
     c["closes"] = c["round"].map(ends)
     if "dispatched_at" not in c:  # synchronous rounds: everyone starts with the round
-        c["dispatched_at"] = c["round"].map(dict(zip(metrics["round"], metrics["virtual_time_s"] - metrics["round_time_s"])))
+        c["dispatched_at"] = c["round"].map(
+            dict(zip(metrics["round"], metrics["virtual_time_s"] - metrics["round_time_s"]))
+        )
     bps = c["bandwidth_mbps"] * 1e6
     up_bps = c["upload_mbps"] * 1e6 if "upload_mbps" in c else bps  # runs before up and down links differed
     latency = (c["comm_s"] - 8 * c["bytes_down"] / bps - 8 * c["bytes_up"] / up_bps).clip(lower=0) / 2
@@ -72,7 +74,9 @@ def segments(run_dir: str | Path, rounds: str | None = None) -> tuple[pd.DataFra
     c["upload_at"] = c["compute_at"] + c["compute_s"]
     c["end"] = c["start"] + c["total_s"]
     if mode(run_dir) != "async":
-        c["slot"] = lanes(c["start"].to_numpy(), np.maximum(c["end"], c["closes"]).where(c["status"] != "late", c["end"]).to_numpy())
+        c["slot"] = lanes(
+            c["start"].to_numpy(), np.maximum(c["end"], c["closes"]).where(c["status"] != "late", c["end"]).to_numpy()
+        )
     return c, metrics
 
 
@@ -108,22 +112,49 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     c, metrics = segments(run_dir, rounds)
     asynchronous = mode(run_dir) == "async"
     slots = int(c["slot"].max()) + 1 if len(c) else 1
-    fig, axes = plt.subplots(1, 2 if asynchronous else 1, figsize=(15 if asynchronous else 12, 1.2 + 0.32 * min(slots, 60)),
-                             gridspec_kw={"width_ratios": [4, 1]} if asynchronous else None, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        2 if asynchronous else 1,
+        figsize=(15 if asynchronous else 12, 1.2 + 0.32 * min(slots, 60)),
+        gridspec_kw={"width_ratios": [4, 1]} if asynchronous else None,
+        squeeze=False,
+    )
     ax = axes[0][0]
     height = 0.8
-    for part, (a, b) in {"download": ("start", "compute_at"), "compute": ("compute_at", "upload_at"), "upload": ("upload_at", "end")}.items():
+    for part, (a, b) in {
+        "download": ("start", "compute_at"),
+        "compute": ("compute_at", "upload_at"),
+        "upload": ("upload_at", "end"),
+    }.items():
         for y, rows in c.groupby("slot"):
-            ax.broken_barh(list(zip(rows[a], rows[b] - rows[a])), (y - height / 2, height), facecolors=COLORS[part], linewidth=0)
+            ax.broken_barh(
+                list(zip(rows[a], rows[b] - rows[a])), (y - height / 2, height), facecolors=COLORS[part], linewidth=0
+            )
     for y, rows in c.groupby("slot"):  # a thin gap between one task and the next in a row
-        ax.broken_barh(list(zip(rows["start"], rows["end"] - rows["start"])), (y - height / 2, height), facecolors="none", edgecolor="white", linewidth=0.8)
+        ax.broken_barh(
+            list(zip(rows["start"], rows["end"] - rows["start"])),
+            (y - height / 2, height),
+            facecolors="none",
+            edgecolor="white",
+            linewidth=0.8,
+        )
     waiting = c.iloc[:0] if asynchronous else c[c["closes"] > c["end"]]  # async: the slot is refilled at once
     for y, rows in waiting.groupby("slot"):
-        ax.broken_barh(list(zip(rows["end"], rows["closes"] - rows["end"])), (y - height / 2, height), facecolors=COLORS["waiting"], linewidth=0)
+        ax.broken_barh(
+            list(zip(rows["end"], rows["closes"] - rows["end"])),
+            (y - height / 2, height),
+            facecolors=COLORS["waiting"],
+            linewidth=0,
+        )
     for status, style in MARKS.items():
         marked = c[c["status"] == status]
         for y, rows in marked.groupby("slot"):
-            ax.broken_barh(list(zip(rows["start"], rows["end"] - rows["start"])), (y - height / 2, height), facecolors="none", **style)
+            ax.broken_barh(
+                list(zip(rows["start"], rows["end"] - rows["start"])),
+                (y - height / 2, height),
+                facecolors="none",
+                **style,
+            )
     for t in metrics["virtual_time_s"]:
         ax.axvline(t, color="#555555", linewidth=0.6, linestyle=":")
     ax.set_ylim(slots - 0.5, -0.5)
@@ -132,7 +163,9 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     ax.set_xlabel("virtual time (s); dotted: server steps")
     handles = [Patch(facecolor=v, label=k) for k, v in COLORS.items() if not (asynchronous and k == "waiting")]
     handles += [Patch(facecolor="none", label=status, **style) for status, style in MARKS.items()]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=7, frameon=False)
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=7, frameon=False
+    )
     lo, hi = int(metrics["round"].min()), int(metrics["round"].max())
     ax.set_title(f"{Path(run_dir).name}: rounds {lo}-{hi}")
     if asynchronous:

@@ -42,6 +42,10 @@ def idle_cluster(ray_cluster):
     if keeper is not None:
         ray_cluster.get(keeper.drain.remote())
     deadline = time.time() + 60
-    while time.time() < deadline and any(ray_cluster.available_resources().get(k, 0) < v for k, v in ray_cluster.cluster_resources().items() if k in ("CPU", "GPU")):
+    while time.time() < deadline and any(
+        ray_cluster.available_resources().get(k, 0) < v
+        for k, v in ray_cluster.cluster_resources().items()
+        if k in ("CPU", "GPU")
+    ):
         time.sleep(0.05)
     return ray_cluster

@@ -42,16 +42,26 @@ def config_file(tmp_path, content: bytes):
         ("devices.compute_scale", "-.inf", "--set devices.compute_scale: the value: -inf is not a finite number"),
         ("federation.rounds", str(10**30), "federation.rounds: Input should be less than or equal to 1000000"),
         ("federation.rounds", str(10**9), "federation.rounds: Input should be less than or equal to 1000000"),
-        ("federation.clients_per_round", str(10**7), "federation.clients_per_round: Input should be less than or equal to 100000"),
+        (
+            "federation.clients_per_round",
+            str(10**7),
+            "federation.clients_per_round: Input should be less than or equal to 100000",
+        ),
         ("data.num_clients", str(10**12), "data.num_clients: Input should be less than or equal to 1000000000"),
-        ("ray.num_actors", str(10**5), "ray.num_actors: Input should be 'auto' or Input should be less than or equal to 10000"),
+        (
+            "ray.num_actors",
+            str(10**5),
+            "ray.num_actors: Input should be 'auto' or Input should be less than or equal to 10000",
+        ),
     ],
 )
 def test_numbers_that_are_not_finite_or_would_exhaust_memory(tmp_path, monkeypatch, capsys, mode, key, value, said):
     assert refused(tmp_path, monkeypatch, capsys, ["--set", f"{key}={value}"], mode) == said
 
 
-def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_its_key(tmp_path, monkeypatch, capsys, mode):
+def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_its_key(
+    tmp_path, monkeypatch, capsys, mode
+):
     from rayfl.config import ConfigError
     from rayfl.loader import parse_config
 
@@ -69,9 +79,15 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
         (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
         (b"a:\n" + b"".join(b"  " * k + b"b:\n" for k in range(1, 80)), "nested more than 64 levels deep"),
         (b"x: " + b"y" * (10 * 1024 * 1024), "larger than 10 MB"),
-        (b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n", "line 2 an alias (*name) is not allowed"),
+        (
+            b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n",
+            "line 2 an alias (*name) is not allowed",
+        ),
         (b"seed: 2024-13-01\n", "invalid value (month must be in 1..12)"),
-        (b"seed: " + b"9" * 5000 + b"\n", "invalid value (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 di)"),
+        (
+            b"seed: " + b"9" * 5000 + b"\n",
+            "invalid value (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 di)",
+        ),
     ],
     ids=["not-utf8", "complex-key", "deep-list", "deep-mapping", "oversized", "alias-bomb", "bad-date", "huge-integer"],
 )
@@ -92,10 +108,28 @@ def test_echoed_text_is_cut_and_its_control_and_bidi_characters_escaped(tmp_path
     [
         ({"state": {"round": 1}, "virtual_time_s": 0.0}, "its state is a dict, not a ServerState"),
         ({"weights": {}}, "not a rayfl checkpoint"),
-        ({"state": {"__dataclass__": "rayfl.config:RunConfig", "fields": {}}, "virtual_time_s": 0.0}, "'rayfl.config:RunConfig' is not one of rayfl's state types"),
-        ({"state": {"__dataclass__": "rayfl.algorithms.messages:ServerState", "fields": {"round": -1, "weights": {}}}, "virtual_time_s": 0.0}, "round is not a count"),
         (
-            {"state": {"__dataclass__": "rayfl.algorithms.messages:ServerState", "fields": {"round": 1, "weights": {"w": torch.zeros(1)}}}, "virtual_time_s": float("inf")},
+            {"state": {"__dataclass__": "rayfl.config:RunConfig", "fields": {}}, "virtual_time_s": 0.0},
+            "'rayfl.config:RunConfig' is not one of rayfl's state types",
+        ),
+        (
+            {
+                "state": {
+                    "__dataclass__": "rayfl.algorithms.messages:ServerState",
+                    "fields": {"round": -1, "weights": {}},
+                },
+                "virtual_time_s": 0.0,
+            },
+            "round is not a count",
+        ),
+        (
+            {
+                "state": {
+                    "__dataclass__": "rayfl.algorithms.messages:ServerState",
+                    "fields": {"round": 1, "weights": {"w": torch.zeros(1)}},
+                },
+                "virtual_time_s": float("inf"),
+            },
             "virtual_time_s is not a finite number",
         ),
     ],
@@ -106,7 +140,9 @@ def test_a_checkpoint_that_is_not_a_server_state_is_refused(tmp_path, monkeypatc
     from rayfl.config import ConfigError
 
     run_dir = tmp_path / "run"
-    assert main(["run", "--local", "--out", str(run_dir), "--set", "federation.rounds=1", "--set", "model.name=mlp"]) == 0
+    assert (
+        main(["run", "--local", "--out", str(run_dir), "--set", "federation.rounds=1", "--set", "model.name=mlp"]) == 0
+    )
     path = run_dir / "checkpoints" / "round_00001.pt"
     torch.save(saved, path)  # loads under weights_only: plain dicts, numbers and tensors
     torch.load(path, weights_only=True)
@@ -127,7 +163,14 @@ def rayfl_in(folder, *argv, **env):
     import sys
 
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env
-    return subprocess.run([sys.executable, "-m", "rayfl", "run", *argv], cwd=folder, env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rayfl", "run", *argv],
+        cwd=folder,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def free_port():
@@ -150,11 +193,19 @@ def free_port():
 def test_an_address_where_no_head_answers_fails_at_once_with_one_line(tmp_path, address, said):
     port = free_port()
     done = rayfl_in(tmp_path, "--address", address.format(port=port), "--set", "federation.rounds=1")
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(f"rayfl: error: {said.format(port=port)}"), done.stderr
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+        f"rayfl: error: {said.format(port=port)}"
+    ), done.stderr
     assert len(done.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_gpus_this_machine_lacks_are_refused_before_a_local_cluster_starts(tmp_path):
-    done = rayfl_in(tmp_path, "--set", "ray.gpus_per_actor=0.5", CUDA_VISIBLE_DEVICES="", RAY_TMPDIR=str(tmp_path / "ray"))
-    assert done.returncode == 2 and done.stderr.strip() == "rayfl: error: ray.num_actors: 1 client actors x 0.5 GPU need 0.5 GPU; the cluster has 0", done.stderr
+    done = rayfl_in(
+        tmp_path, "--set", "ray.gpus_per_actor=0.5", CUDA_VISIBLE_DEVICES="", RAY_TMPDIR=str(tmp_path / "ray")
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr.strip()
+        == "rayfl: error: ray.num_actors: 1 client actors x 0.5 GPU need 0.5 GPU; the cluster has 0"
+    ), done.stderr
     assert list(tmp_path.iterdir()) == []  # no RUN_DIR, and no Ray session folder: no cluster started

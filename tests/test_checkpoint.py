@@ -51,7 +51,9 @@ def test_a_nested_server_state_round_trips_exactly(tmp_path):
             opt, params = server_opt.apply(opt, params, {"w": g.standard_normal(shape)})
         groups.append(opt)
     clients = {c: {"reward": float(g.random()), "seen": [c, "x", None], "k": np.int64(c)} for c in (0, 5, 17)}
-    state = ServerState(round=7, weights={"w": np.ones(3, np.float32)}, opt_state=Groups(tuple(groups), "per-group"), clients=clients)
+    state = ServerState(
+        round=7, weights={"w": np.ones(3, np.float32)}, opt_state=Groups(tuple(groups), "per-group"), clients=clients
+    )
     checkpoint.save(tmp_path, state, virtual_time_s=3.25)
     saved = checkpoint.latest(tmp_path)
     back, vt = saved.state, saved.virtual_time_s
@@ -83,11 +85,32 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     "base",
     [
         ["model.name=mlp", "algorithm.name=fedadam", "federation.checkpoint_every=2"],
-        ["algorithm.name=mergesfl", "algorithm.ga_generations=20", "federation.checkpoint_every=2", "federation.lr_schedule={kind: exponential, gamma: 0.9}"],
+        [
+            "algorithm.name=mergesfl",
+            "algorithm.ga_generations=20",
+            "federation.checkpoint_every=2",
+            "federation.lr_schedule={kind: exponential, gamma: 0.9}",
+        ],
         ["algorithm.name=inclusivefl", "algorithm.server_lrs=[0.02, 0.01, 0.005]", "federation.checkpoint_every=2"],
-        ["algorithm.name=fedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.checkpoint_every=2"],
-        ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "federation.batch_size=128", "model.aux_heads=1-2-3-4-6", "federation.checkpoint_every=2"],
-        ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.checkpoint_every=2"],
+        [
+            "algorithm.name=fedepth",
+            "devices.profile=fedepth_surplus",
+            "federation.batch_size=128",
+            "federation.checkpoint_every=2",
+        ],
+        [
+            "algorithm.name=depthfl",
+            "devices.profile=fedepth_fair",
+            "federation.batch_size=128",
+            "model.aux_heads=1-2-3-4-6",
+            "federation.checkpoint_every=2",
+        ],
+        [
+            "algorithm.name=splitmix",
+            "devices.profile=fedepth_fair",
+            "federation.batch_size=128",
+            "federation.checkpoint_every=2",
+        ],
     ],
     ids=["fedadam", "mergesfl", "inclusivefl", "fedepth-mkd", "depthfl", "splitmix"],
 )

@@ -37,11 +37,24 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
 
 def test_run_list_and_compare(tmp_path):
     run_dir = tmp_path / "run"
-    out = rayfl("run", "--local", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir), cwd=tmp_path)
+    out = rayfl(
+        "run", "--local", "--set", "federation.rounds=2", "--set", "model.name=mlp", "--out", str(run_dir), cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
     listing = rayfl("list").stdout
-    for name in ("fedavg", "fedprox", "fedadam", "digits", "mnist1d", "synthetic", "cnn", "jetson", "mobile", "uniform"):
+    for name in (
+        "fedavg",
+        "fedprox",
+        "fedadam",
+        "digits",
+        "mnist1d",
+        "synthetic",
+        "cnn",
+        "jetson",
+        "mobile",
+        "uniform",
+    ):
         assert f"  {name} " in listing
     assert any((run_dir / "tb").iterdir())  # TensorBoard events, on by default
     compare = rayfl("compare", str(run_dir), "--out", str(tmp_path / "cmp"))
@@ -78,8 +91,14 @@ BAD_INPUTS = [
     (["--set", "data.partition.min_size=500"], "data.partition.min_size: 20 clients x 500 exceeds"),
     (["--set", "federation.clients_per_round=30"], "federation.clients_per_round (30) exceeds data.num_clients (20)"),
     (["--set", "algorithm.name=sfl", "--set", "model.name=mlp"], "model.name: sfl needs a model with a split point"),
-    (["--set", "algorithm.name=sfl", "--set", "federation.local_epochs=2"], "federation.local_epochs: sfl trains algorithm.tau iterations"),
-    (["--set", "federation.optimizer=adam", "--set", "federation.momentum=0.9"], "federation.momentum: Value error, applies to optimizer sgd only"),
+    (
+        ["--set", "algorithm.name=sfl", "--set", "federation.local_epochs=2"],
+        "federation.local_epochs: sfl trains algorithm.tau iterations",
+    ),
+    (
+        ["--set", "federation.optimizer=adam", "--set", "federation.momentum=0.9"],
+        "federation.momentum: Value error, applies to optimizer sgd only",
+    ),
     (["--set", "federation.lr_schedule={kind: multistep, milestones: [0.5, 3]}"], "federation.lr_schedule.milestones:"),
     (["dup.yaml"], "dup.yaml: line 3 duplicate key 'federation'"),
     (["folder"], "folder: is a directory, not a YAML file"),
@@ -89,9 +108,18 @@ BAD_INPUTS = [
     (["--resume", "corrupt"], "--resume corrupt: no readable checkpoint"),
     (["--resume", "nothing-here"], "nothing-here/config.yaml: no such file"),
     (["cfg.yaml", "--resume", "done"], "--resume done: takes the run's own config.yaml"),
-    (["--set", "federation.mode=deadline", "--set", "federation.deadline.deadline_s=-5"], "federation.deadline.deadline_s: Input should be greater than 0"),
-    (["--set", "federation.mode=async", "--set", "federation.async.buffer_size=11"], "federation.async.buffer_size (11) exceeds the clients in flight, federation.async.concurrency (10)"),
-    (["--set", "federation.mode=async", "--set", "algorithm.name=sfl"], "federation.mode: sfl runs in synchronous rounds only, not async: split learning"),
+    (
+        ["--set", "federation.mode=deadline", "--set", "federation.deadline.deadline_s=-5"],
+        "federation.deadline.deadline_s: Input should be greater than 0",
+    ),
+    (
+        ["--set", "federation.mode=async", "--set", "federation.async.buffer_size=11"],
+        "federation.async.buffer_size (11) exceeds the clients in flight, federation.async.concurrency (10)",
+    ),
+    (
+        ["--set", "federation.mode=async", "--set", "algorithm.name=sfl"],
+        "federation.mode: sfl runs in synchronous rounds only, not async: split learning",
+    ),
     (["--set", "federation.mode=later"], "federation.mode: Input should be 'sync', 'deadline' or 'async'"),
 ]
 
@@ -105,7 +133,9 @@ def bad_input_dir(tmp_path_factory):
     (root / "cfg.yaml").write_text("federation:\n  rounds: 1\n")
     (root / "folder").mkdir()
     (root / "a-file").write_text("not a folder\n")
-    run_local(load_config(None, ["federation.rounds=2", "model.name=mlp", "federation.checkpoint_every=1"]), root / "done")
+    run_local(
+        load_config(None, ["federation.rounds=2", "model.name=mlp", "federation.checkpoint_every=1"]), root / "done"
+    )
     shutil.copytree(root / "done", root / "corrupt")
     for path in (root / "corrupt" / "checkpoints").iterdir():
         path.write_bytes(path.read_bytes()[:100])
@@ -120,7 +150,9 @@ def snapshot(root):
 
 @pytest.mark.parametrize("mode", [["--local"], []], ids=["local", "ray"])
 @pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[m.split(":")[0][:40] for _, m in BAD_INPUTS])
-def test_every_bad_input_exits_2_with_one_line_and_writes_nothing(bad_input_dir, monkeypatch, capsys, mode, args, message):
+def test_every_bad_input_exits_2_with_one_line_and_writes_nothing(
+    bad_input_dir, monkeypatch, capsys, mode, args, message
+):
     from rayfl.cli import main
 
     monkeypatch.chdir(bad_input_dir)
@@ -167,13 +199,18 @@ def test_submission_retries_transient_errors_for_a_bounded_time():
     def flaky():
         calls.append(1)
         if len(calls) < 3:
-            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try again later.")
+            raise RuntimeError(
+                "Request failed with status code 500: No available agent to submit job, please try again later."
+            )
         return "raysubmit_1"
 
     assert retried(flaky, "submitting") == "raysubmit_1" and len(calls) == 3
     calls.clear()
     with pytest.raises(RuntimeError, match="status code 400"):
-        retried(lambda: calls.append(1) or (_ for _ in ()).throw(RuntimeError("Request failed with status code 400: bad")), "submitting")
+        retried(
+            lambda: calls.append(1) or (_ for _ in ()).throw(RuntimeError("Request failed with status code 400: bad")),
+            "submitting",
+        )
     assert len(calls) == 1  # not transient: no retry
     with pytest.raises(RuntimeError, match="No available agent"):
         retried(lambda: (_ for _ in ()).throw(RuntimeError("No available agent")), "submitting", budget_s=1.0)

@@ -55,14 +55,31 @@ class TwoStage(ClientProcedure):
             metrics[f"moved_outside_{stage}"] = len(moved - inside)
         for p in model.parameters():  # the cached module serves the next task whole
             p.requires_grad_(True)
-        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / samples, metrics=metrics)
+        return ClientResult.of(
+            task,
+            weights=to_numpy(model),
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / samples,
+            metrics=metrics,
+        )
 
 
 @pytest.fixture
 def two_stage(monkeypatch):
     alg = registry.Algorithm("twostage", TwoStageConfig, FedAvgPolicy, TwoStage)
     monkeypatch.setitem(registry._ALGORITHMS, "twostage", alg)
-    return load_config(None, ["algorithm.name=twostage", "model.name=mlp", "model.hidden=[16, 16]", "federation.rounds=2", "federation.clients_per_round=3", "federation.momentum=0.9"])
+    return load_config(
+        None,
+        [
+            "algorithm.name=twostage",
+            "model.name=mlp",
+            "model.hidden=[16, 16]",
+            "federation.rounds=2",
+            "federation.clients_per_round=3",
+            "federation.momentum=0.9",
+        ],
+    )
 
 
 def test_a_two_stage_run_moves_only_its_stage(two_stage, tmp_path):
@@ -84,7 +101,9 @@ def test_a_two_stage_run_moves_only_its_stage(two_stage, tmp_path):
     final = latest(tmp_path).state.weights
     middle = [k for k in init if k.startswith("5.")]  # Flatten, [Linear, Scaler, norm, ReLU] x 2, Linear
     assert middle and all(np.array_equal(init[k], final[k]) for k in middle)
-    assert not np.array_equal(init["1.weight"], final["1.weight"]) and not np.array_equal(init["9.weight"], final["9.weight"])
+    assert not np.array_equal(init["1.weight"], final["1.weight"]) and not np.array_equal(
+        init["9.weight"], final["9.weight"]
+    )
 
 
 @pytest.mark.ray

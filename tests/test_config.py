@@ -48,7 +48,15 @@ def test_round_size_cannot_exceed_population():
 
 def test_dotted_overrides_are_yaml_typed_and_leave_the_input_alone():
     raw = {"federation": {"lr": 0.1}}
-    out = apply_overrides(raw, ["federation.lr=0.5", "data.partition={kind: shards, classes_per_client: 2}", "algorithm.name=fedprox", "algorithm.mu=1e-2"])
+    out = apply_overrides(
+        raw,
+        [
+            "federation.lr=0.5",
+            "data.partition={kind: shards, classes_per_client: 2}",
+            "algorithm.name=fedprox",
+            "algorithm.mu=1e-2",
+        ],
+    )
     assert raw == {"federation": {"lr": 0.1}}
     cfg = parse_config(out)
     assert cfg.federation.lr == 0.5
@@ -63,7 +71,16 @@ def test_malformed_overrides(bad):
 
 
 def test_resolved_config_round_trips_through_yaml(tmp_path):
-    cfg = load_config(None, ["algorithm.name=fedadam", "algorithm.beta2=0.999", "model.name=mlp", "model.hidden=[32, 16]", "data.partition.kind=iid"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=fedadam",
+            "algorithm.beta2=0.999",
+            "model.name=mlp",
+            "model.hidden=[32, 16]",
+            "data.partition.kind=iid",
+        ],
+    )
     path = tmp_path / "config.yaml"
     dump_config(cfg, path)
     again = load_config(path)
@@ -82,7 +99,9 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_one_key_of_a_tagged_section_sets_alone_on_top_of_the_defaults():
-    assert parse_config(apply_overrides({}, ["data.partition.alpha=0.1"])).data.partition == DirichletPartition(alpha=0.1)
+    assert parse_config(apply_overrides({}, ["data.partition.alpha=0.1"])).data.partition == DirichletPartition(
+        alpha=0.1
+    )
     # A section that names its own kind is taken as written: keys of another kind are errors.
     with pytest.raises(ConfigError, match="^data.partition.alpha: unknown key"):
         parse_config(apply_overrides({"data": {"partition": {"kind": "iid"}}}, ["data.partition.alpha=0.1"]))

@@ -38,7 +38,9 @@ def sets(*extra):
 
 
 @pytest.mark.parametrize("mode", [["--local"], []], ids=["local", "ray"])
-def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_the_undisturbed_run(small_disk, tmp_path, capsys, request, mode):
+def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_the_undisturbed_run(
+    small_disk, tmp_path, capsys, request, mode
+):
     if not mode:
         request.getfixturevalue("ray_cluster")  # on the session's cluster: the coordinator writes
     run_dir = small_disk / "run"
@@ -46,7 +48,9 @@ def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_th
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayfl:")]  # the bar aside
     assert len(err) == 1 and err[0].startswith("rayfl: run failed: OSError: [Errno 28] No space left on device: ")
     written = err[0].split("No space left on device: '", 1)[1].split("'", 1)[0]
-    assert written.startswith(str(run_dir.resolve())) and err[0].endswith(f"continue it with: rayfl run --resume {run_dir}")
+    assert written.startswith(str(run_dir.resolve())) and err[0].endswith(
+        f"continue it with: rayfl run --resume {run_dir}"
+    )
     assert not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]  # no partial file left aside
     for path in (run_dir / "checkpoints").glob("round_*.pt"):  # and every file under its name whole
         checkpoint.checked(torch.load(path, weights_only=True))
@@ -57,7 +61,9 @@ def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_th
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)  # space freed
     assert main(["run", *mode, "--resume", str(run_dir)]) == 0
     assert main(["run", "--local", "--out", str(tmp_path / "undisturbed"), *sets()]) == 0
-    a, b = (pd.read_parquet(d / "metrics.parquet").drop(columns="wall_time_s") for d in (run_dir, tmp_path / "undisturbed"))
+    a, b = (
+        pd.read_parquet(d / "metrics.parquet").drop(columns="wall_time_s") for d in (run_dir, tmp_path / "undisturbed")
+    )
     pd.testing.assert_frame_equal(a, b)
     a, b = (pd.read_parquet(d / "clients.parquet") for d in (run_dir, tmp_path / "undisturbed"))
     pd.testing.assert_frame_equal(a, b)

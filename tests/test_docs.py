@@ -12,9 +12,12 @@ PAPERS = ["heterofl", "fedepth", "fedsup", "inclusivefl", "mergesfl"]
 def test_readme_is_short_and_keeps_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 200
-    assert 'pip install torch==2.14.1 torchvision==0.29.1 -e . && rayfl run' in text
+    assert "pip install torch==2.14.1 torchvision==0.29.1 -e . && rayfl run" in text
     assert 'pip install torch==2.14.1 torchvision==0.29.1 -e ".[test]" && python -m pytest' in text
-    assert "python -m pytest" in (ROOT / ".ci" / "run").read_text() and "mkdocs build --strict" in (ROOT / ".ci" / "run").read_text()
+    assert (
+        "python -m pytest" in (ROOT / ".ci" / "run").read_text()
+        and "mkdocs build --strict" in (ROOT / ".ci" / "run").read_text()
+    )
 
 
 def test_each_paper_page_opens_with_its_commands_and_the_front_page_links_it():

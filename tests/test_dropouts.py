@@ -18,10 +18,19 @@ PHONES = str(Path(__file__).parent / "devices" / "phones.yaml")
 
 def one_device_trace(folder, intervals, battery=np.nan, flops=(1e6,)):
     """Devices of `flops` FLOP/s over 1 MB/s links (no latency), 0.1 J/GFLOP and 2 J/MB."""
-    d = pd.DataFrame({
-        "device_id": np.arange(len(flops)), "flops_per_s": flops, "up_bps": 8e6, "down_bps": 8e6, "memory_bytes": 2**30,
-        "energy_j_per_gflop": 0.1, "energy_j_per_mb": 2.0, "battery_j": battery, "period_s": 1e9,
-    })
+    d = pd.DataFrame(
+        {
+            "device_id": np.arange(len(flops)),
+            "flops_per_s": flops,
+            "up_bps": 8e6,
+            "down_bps": 8e6,
+            "memory_bytes": 2**30,
+            "energy_j_per_gflop": 0.1,
+            "energy_j_per_mb": 2.0,
+            "battery_j": battery,
+            "period_s": 1e9,
+        }
+    )
     iv = pd.DataFrame(intervals, columns=["device_id", "online_from_s", "online_to_s"])
     return write_trace(d, iv, folder)
 
@@ -44,11 +53,17 @@ def test_a_device_whose_interval_ends_mid_task_drops_then_with_what_it_spent(tmp
     cut = down / 1e6 + 0.5 * f / 1e6
     metrics, clients = run(tmp_path, "cut", one_device_trace(tmp_path / "cut", [(0, 0.0, cut)]), *sets)
     (row,) = clients.itertuples()
-    assert row.status == "dropped" and row.total_s == pytest.approx(cut) and row.compute_s == pytest.approx(0.5 * f / 1e6)
+    assert (
+        row.status == "dropped" and row.total_s == pytest.approx(cut) and row.compute_s == pytest.approx(0.5 * f / 1e6)
+    )
     assert (row.bytes_down, row.bytes_up) == (down, 0) and row.flops == pytest.approx(0.5 * f)
     assert row.energy_j == pytest.approx(0.5 * f / 1e9 * 0.1 + down / 1e6 * 2.0)
     m = metrics.iloc[0]
-    assert (m.num_clients, m.num_dropped, m.virtual_time_s) == (0, 1, pytest.approx(cut)) and m.energy_j == pytest.approx(row.energy_j)
+    assert (m.num_clients, m.num_dropped, m.virtual_time_s) == (
+        0,
+        1,
+        pytest.approx(cut),
+    ) and m.energy_j == pytest.approx(row.energy_j)
     assert np.isnan(m.train_loss)  # a round with no update is still a round
 
 
@@ -58,7 +73,9 @@ def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path)
     # a goes offline at 1.5 D and back at 1.8 D: round 3 at 2 D finds it recharged, and it trains.
     seed = next(s for s in range(50) if rng.generator(s, "trace-device").integers(2, size=2).tolist() == [0, 1])
     sets = [f"seed={seed}", "data.num_clients=2", "federation.clients_per_round=2", "federation.rounds=3"]
-    _, probe = run(tmp_path, "probe", one_device_trace(tmp_path / "probe", [(0, 0.0, 1e8), (1, 0.0, 1e8)], flops=(1e6, 1e5)), *sets)
+    _, probe = run(
+        tmp_path, "probe", one_device_trace(tmp_path / "probe", [(0, 0.0, 1e8), (1, 0.0, 1e8)], flops=(1e6, 1e5)), *sets
+    )
     first = probe[probe["round"] == 1].set_index("client_id")
     energy, length = first.loc[0, "energy_j"], first.loc[1, "total_s"]
     assert first.loc[0, "total_s"] < length
@@ -75,14 +92,27 @@ def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path)
     assert metrics["energy_j"].sum() == pytest.approx(clients["energy_j"].sum())
 
 
-DEVICES = [f"devices.profile={PHONES}", "devices.availability.kind=diurnal", "devices.availability.session_s=120", "devices.availability.slot_s=10",
-           "devices.availability.on_fraction=0.5", "devices.population.initial=20", "devices.population.arrivals_per_hour=300",
-           "devices.population.departures_per_hour=300", "model.name=mlp", "data.num_clients=30", "metrics.tensorboard=false"]
+DEVICES = [
+    f"devices.profile={PHONES}",
+    "devices.availability.kind=diurnal",
+    "devices.availability.session_s=120",
+    "devices.availability.slot_s=10",
+    "devices.availability.on_fraction=0.5",
+    "devices.population.initial=20",
+    "devices.population.arrivals_per_hour=300",
+    "devices.population.departures_per_hour=300",
+    "model.name=mlp",
+    "data.num_clients=30",
+    "metrics.tensorboard=false",
+]
 
 
 @pytest.mark.parametrize(
     "sets",
-    [["federation.mode=sync"], ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=4"]],
+    [
+        ["federation.mode=sync"],
+        ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=4"],
+    ],
     ids=["sync", "fedbuff"],
 )
 def test_a_resumed_run_with_dropouts_and_a_changing_population_equals_an_uninterrupted_one(tmp_path, sets):

@@ -21,7 +21,9 @@ def test_sbn_calibration_is_the_equal_weight_average_of_batch_statistics():
     evaluator = Evaluator(Partitioned(ds, [np.arange(7)]), ModelCache((3,), 2), batch_size=2, eval_clients=1)
     batches = [np.array([0, 1, 2]), np.array([3, 4]), np.array([5, 6])]
     calibrated = static_bn(evaluator.models, variant, weights, [x[b] for b in batches])
-    assert calibrated is evaluator.models.load(variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False)
+    assert calibrated is evaluator.models.load(
+        variant.model_copy(update={"norm": "bn", "scaler": 1.0}), weights, strict=False
+    )
     bn = [m for m in calibrated.modules() if isinstance(m, torch.nn.BatchNorm1d)][0]
     h = x @ weights["1.weight"].T + weights["1.bias"]  # the BN input: the first linear layer
     means = [h[b].mean(0) for b in batches]

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILES = {"phones.yaml"}
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name not in PROFILES), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name not in PROFILES), ids=lambda p: p.name
+)
 def test_example_configs_validate(path, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # paths inside a config are relative to the config file, not the working directory
     cfg = load_config(path)

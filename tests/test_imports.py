@@ -22,7 +22,12 @@ def test_every_module_imports_first_without_a_cycle():
     import rayfl
     import tune
 
-    names = sorted(m.name for pkg in (rayfl, actors, tune) for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".") if not m.name.endswith("__main__"))
+    names = sorted(
+        m.name
+        for pkg in (rayfl, actors, tune)
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")
+        if not m.name.endswith("__main__")
+    )
     assert len(names) > 30
     code = """
 import importlib, sys
@@ -31,7 +36,12 @@ for name in sys.argv[1:]:
         del sys.modules[loaded]
     importlib.import_module(name)
 """
-    procs = [subprocess.Popen([sys.executable, "-c", code, *names[k::2]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *names[k::2]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for k in (0, 1)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -46,12 +56,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.storage", "rayfl.configbase", "rayfl.config_devices", "rayfl.config_ray", "rayfl.config", "rayfl.configfile"],
+    [
+        "rayfl.types",
+        "rayfl.rng",
+        "rayfl.catalog",
+        "rayfl.storage",
+        "rayfl.configbase",
+        "rayfl.config_devices",
+        "rayfl.config_ray",
+        "rayfl.config",
+        "rayfl.configfile",
+    ],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
     ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares
-    ["rayfl.algorithms.messages", "rayfl.algorithms.local", "rayfl.algorithms.aggregate", "rayfl.algorithms.server_opt",
-     "rayfl.algorithms.exchange", "rayfl.algorithms.personal", "rayfl.algorithms.vectorize", "rayfl.algorithms.budget"],
+    [
+        "rayfl.algorithms.messages",
+        "rayfl.algorithms.local",
+        "rayfl.algorithms.aggregate",
+        "rayfl.algorithms.server_opt",
+        "rayfl.algorithms.exchange",
+        "rayfl.algorithms.personal",
+        "rayfl.algorithms.vectorize",
+        "rayfl.algorithms.budget",
+    ],
     ["rayfl.algorithms.base", "rayfl.algorithms.registry"],
     ["rayfl.algorithms"],  # each algorithm's module, and the package that registers them
     ["rayfl.checkpoint", "rayfl.loader"],
@@ -131,7 +159,13 @@ def test_the_contract_leaves_import_no_other_algorithm_module():
 def test_the_ray_hosts_never_lean_on_the_in_process_runner():
     for path in (ROOT / "actors").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n == "rayfl.runner" or n.startswith("rayfl.runner.") for n in names), path
 
 
@@ -149,4 +183,9 @@ def test_the_graph_sees_a_cycle_and_an_upward_import(tmp_path):
         raise AssertionError("no cycle found")
     except graphlib.CycleError:
         pass
-    assert layer("rayfl.engine.round") > layer("rayfl.algorithms.fedavg") > layer("rayfl.algorithms.base") > layer("rayfl.algorithms.messages")
+    assert (
+        layer("rayfl.engine.round")
+        > layer("rayfl.algorithms.fedavg")
+        > layer("rayfl.algorithms.base")
+        > layer("rayfl.algorithms.messages")
+    )

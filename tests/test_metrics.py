@@ -6,7 +6,17 @@ from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS, Recorder
 
 
 def row(r, acc, vt):
-    return {"round": r, "virtual_time_s": vt, "wall_time_s": 0.1 * r, "test_accuracy": acc, "test_loss": 1.0, "bytes_up": 10, "bytes_down": 20, "num_clients": 2, "mean_wait_s": 0.5}
+    return {
+        "round": r,
+        "virtual_time_s": vt,
+        "wall_time_s": 0.1 * r,
+        "test_accuracy": acc,
+        "test_loss": 1.0,
+        "bytes_up": 10,
+        "bytes_down": 20,
+        "num_clients": 2,
+        "mean_wait_s": 0.5,
+    }
 
 
 def test_summary_and_time_to_target(tmp_path):
@@ -87,7 +97,9 @@ def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_
     events.Reload()
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     tags = events.Tags()["scalars"]
-    assert {"test_accuracy", "test_accuracy/a", "test_accuracy/e", "virtual_time_s", "bytes_up", "train_loss"} <= set(tags)
+    assert {"test_accuracy", "test_accuracy/a", "test_accuracy/e", "virtual_time_s", "bytes_up", "train_loss"} <= set(
+        tags
+    )
     for tag in tags:
         column = metrics[tag.replace("/", "@")].dropna()
         scalars = events.Scalars(tag)

@@ -31,10 +31,16 @@ def test_constant_and_exponential_schedules():
 
 def test_multistep_milestones_as_fractions_or_rounds():
     # Fractions of 8 rounds: the rate drops after round ceil(0.5 * 8) = 4 and after round 6.
-    assert schedule(8, kind="multistep", milestones=[0.5, 0.75], gamma=0.1) == pytest.approx([0.1] * 4 + [0.01] * 2 + [0.001] * 2)
+    assert schedule(8, kind="multistep", milestones=[0.5, 0.75], gamma=0.1) == pytest.approx(
+        [0.1] * 4 + [0.01] * 2 + [0.001] * 2
+    )
     # HeteroFL's MNIST setting: MultiStepLR([100]) over 200 rounds, stepped per round.
     lrs = schedule(200, kind="multistep", milestones=[100], gamma=0.1)
-    assert lrs[99] == 0.1 and lrs[100] == pytest.approx(0.01) and lrs == schedule(200, kind="multistep", milestones=[0.5], gamma=0.1)
+    assert (
+        lrs[99] == 0.1
+        and lrs[100] == pytest.approx(0.01)
+        and lrs == schedule(200, kind="multistep", milestones=[0.5], gamma=0.1)
+    )
 
 
 def test_cosine_schedule_follows_the_closed_form():
@@ -49,12 +55,19 @@ def test_a_warm_up_rises_linearly_then_the_schedule_runs_over_the_other_rounds()
     assert schedule(10, kind="cosine", warmup_rounds=4) == pytest.approx([0.025, 0.05, 0.075, 0.1, *cosine], rel=1e-9)
     # FedSup Sec. 4.1: 20 warm-up rounds, then cosine from 0.1 (500 rounds)
     lrs = schedule(500, kind="cosine", warmup_rounds=20)
-    assert lrs[0] == pytest.approx(0.005) and lrs[19] == pytest.approx(0.1) and lrs[20] == 0.1 and lrs[260] == pytest.approx(0.05)
+    assert (
+        lrs[0] == pytest.approx(0.005)
+        and lrs[19] == pytest.approx(0.1)
+        and lrs[20] == 0.1
+        and lrs[260] == pytest.approx(0.05)
+    )
     # every kind takes one: a constant rate after 2 rounds of warm-up; exponential from round 3 on
     assert schedule(4, kind="constant", warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.1])
     assert schedule(5, kind="exponential", gamma=0.5, warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.05, 0.025])
     # multistep milestones are fractions of the rounds after the warm-up: 0.5 of 4 is round 2 + 2
-    assert schedule(6, kind="multistep", milestones=[0.5], warmup_rounds=2) == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.01, 0.01])
+    assert schedule(6, kind="multistep", milestones=[0.5], warmup_rounds=2) == pytest.approx(
+        [0.05, 0.1, 0.1, 0.1, 0.01, 0.01]
+    )
 
 
 def test_a_warm_up_must_leave_rounds_to_the_schedule():
@@ -111,21 +124,39 @@ def test_clients_train_at_the_scheduled_rate(tmp_path, warmup, lrs):
     # One client a round, one full batch a round, a linear model, FedAvg with eta = 1: the global
     # model after round r is w_{r-1} - lr_r * grad(w_{r-1}) on that client's data.
     sets = [
-        "model.name=mlp", "model.hidden=[]", "data.num_clients=4", "data.partition.kind=iid", "federation.clients_per_round=1",
-        "federation.batch_size=1000", f"federation.rounds={len(lrs)}", "federation.checkpoint_every=1", "federation.lr=0.4",
-        "federation.lr_schedule.kind=exponential", "federation.lr_schedule.gamma=0.5", f"federation.lr_schedule.warmup_rounds={warmup}",
+        "model.name=mlp",
+        "model.hidden=[]",
+        "data.num_clients=4",
+        "data.partition.kind=iid",
+        "federation.clients_per_round=1",
+        "federation.batch_size=1000",
+        f"federation.rounds={len(lrs)}",
+        "federation.checkpoint_every=1",
+        "federation.lr=0.4",
+        "federation.lr_schedule.kind=exponential",
+        "federation.lr_schedule.gamma=0.5",
+        f"federation.lr_schedule.warmup_rounds={warmup}",
     ]
     cfg = load_config(None, sets)
     run_local(cfg, tmp_path)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
-    assert metrics["lr"].tolist() == pytest.approx(lrs, rel=1e-12) and clients["lr"].tolist() == pytest.approx(lrs, rel=1e-12)
+    assert metrics["lr"].tolist() == pytest.approx(lrs, rel=1e-12) and clients["lr"].tolist() == pytest.approx(
+        lrs, rel=1e-12
+    )
     fed = build_federation(cfg)
-    weights = [fed.initial_weights()] + [checkpoint.decode(torch.load(p, weights_only=True)["state"]).weights for p in sorted((tmp_path / "checkpoints").iterdir())]
+    weights = [fed.initial_weights()] + [
+        checkpoint.decode(torch.load(p, weights_only=True)["state"]).weights
+        for p in sorted((tmp_path / "checkpoints").iterdir())
+    ]
     for r, (lr, client) in enumerate(zip(metrics["lr"], clients["client_id"]), start=1):
         x, y = (torch.from_numpy(a) for a in fed.clients.train(client))
         x = x.flatten(1)
         w = torch.tensor(weights[r - 1]["1.weight"], requires_grad=True)
         b = torch.tensor(weights[r - 1]["1.bias"], requires_grad=True)
         F.cross_entropy(x @ w.T + b, y).backward()
-        torch.testing.assert_close(torch.from_numpy(weights[r]["1.weight"]), (w - lr * w.grad).detach(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.from_numpy(weights[r]["1.bias"]), (b - lr * b.grad).detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.from_numpy(weights[r]["1.weight"]), (w - lr * w.grad).detach(), rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(
+            torch.from_numpy(weights[r]["1.bias"]), (b - lr * b.grad).detach(), rtol=1e-5, atol=1e-6
+        )

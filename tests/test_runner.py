@@ -57,7 +57,14 @@ def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
         "  - {name: slow, proportion: 1, flops: [1.0e+8], memory_mb: 64, bandwidth_mbps: [2, 2], latency_ms: 0}\n"
         "  - {name: fast, proportion: 1, flops: [1.0e+9], memory_mb: 64, bandwidth_mbps: [20, 20], latency_ms: 50}\n"
     )
-    cfg = parse_config({"data": {"num_clients": 4, "partition": {"kind": "iid"}}, "model": {"name": "mlp", "hidden": [16]}, "federation": {"clients_per_round": 4, "rounds": 1, "local_epochs": 2, "batch_size": 50}, "devices": {"profile": str(profile)}})
+    cfg = parse_config(
+        {
+            "data": {"num_clients": 4, "partition": {"kind": "iid"}},
+            "model": {"name": "mlp", "hidden": [16]},
+            "federation": {"clients_per_round": 4, "rounds": 1, "local_epochs": 2, "batch_size": 50},
+            "devices": {"profile": str(profile)},
+        }
+    )
     with torch_threads():
         fed = build_federation(cfg)
         state = fed.policy.init_state(fed.initial_weights())
@@ -93,12 +100,18 @@ class PoisonOne(InProcessExecutor):
 
 
 def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
-    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp"}, "federation": {"clients_per_round": 4, "rounds": 2}})
+    cfg = parse_config(
+        {"data": {"num_clients": 4}, "model": {"name": "mlp"}, "federation": {"clients_per_round": 4, "rounds": 2}}
+    )
     with torch_threads():
         fed, start = prepare(cfg, tmp_path)
         summary = run_federation(fed, PoisonOne(fed), tmp_path, start)
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
-    assert metrics["num_rejected"].tolist() == [1, 1] and metrics["num_failed"].tolist() == [0, 0] and metrics["num_clients"].tolist() == [3, 3]
+    assert (
+        metrics["num_rejected"].tolist() == [1, 1]
+        and metrics["num_failed"].tolist() == [0, 0]
+        and metrics["num_clients"].tolist() == [3, 3]
+    )
     assert set(clients.loc[clients.client_id == 0, "status"]) == {"rejected"}
     assert clients.loc[clients.client_id == 0, "reason"].str.contains("non-finite").all()
     assert math.isfinite(summary["final_test_accuracy"]) and summary["final_test_accuracy"] > 0.3
@@ -107,7 +120,14 @@ def test_non_finite_updates_are_rejected_and_recorded(tmp_path):
 @pytest.mark.parametrize("name", ["fedprox", "fedadam", "fedyogi", "fedadagrad"])
 def test_each_algorithm_trains_in_process(tmp_path, name):
     extra = {"fedprox": {"mu": 0.01}}.get(name, {"server_lr": 0.01})
-    cfg = parse_config({"algorithm": {"name": name, **extra}, "model": {"name": "mlp"}, "data": {"partition": {"kind": "iid"}}, "federation": {"rounds": 6, "eval_every": 3}})
+    cfg = parse_config(
+        {
+            "algorithm": {"name": name, **extra},
+            "model": {"name": "mlp"},
+            "data": {"partition": {"kind": "iid"}},
+            "federation": {"rounds": 6, "eval_every": 3},
+        }
+    )
     summary = run_local(cfg, tmp_path)
     acc = pd.read_parquet(tmp_path / "metrics.parquet")["test_accuracy"]
     assert acc.isna().tolist() == [True, True, False, True, True, False]  # evaluated every 3 rounds
@@ -139,7 +159,16 @@ def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
 
     # Two groups of two clients (ray.clients_per_call 2): a group's host is held for the sum of its
     # clients' scaled virtual times.
-    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 4, "rounds": 1}, "clock": "emulate", "clock_scale": 1e-3, "ray": {"clients_per_call": 2}})
+    cfg = parse_config(
+        {
+            "data": {"num_clients": 4},
+            "model": {"name": "mlp", "hidden": [8]},
+            "federation": {"clients_per_round": 4, "rounds": 1},
+            "clock": "emulate",
+            "clock_scale": 1e-3,
+            "ray": {"clients_per_call": 2},
+        }
+    )
     with torch_threads():
         fed = build_federation(cfg)
         fed = dataclasses.replace(fed, policy=Heavier(cfg, fed.context))
@@ -155,7 +184,13 @@ def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
 
 
 def test_the_in_process_executor_holds_each_task_to_its_pace():
-    cfg = parse_config({"data": {"num_clients": 4}, "model": {"name": "mlp", "hidden": [8]}, "federation": {"clients_per_round": 2, "rounds": 1}})
+    cfg = parse_config(
+        {
+            "data": {"num_clients": 4},
+            "model": {"name": "mlp", "hidden": [8]},
+            "federation": {"clients_per_round": 2, "rounds": 1},
+        }
+    )
     with torch_threads():
         fed = build_federation(cfg)
         tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
@@ -177,7 +212,9 @@ def test_a_diverged_client_is_failed_and_charged_for_what_it_did(tmp_path):
     assert (clients["num_samples"] > 0).all() and (clients["num_samples"] <= n).all()  # failed within its one epoch
     assert np.allclose(clients["flops"], cost.train_flops * clients["num_samples"])
     assert (clients["bytes_down"] == cost.param_bytes).all() and (clients["bytes_up"] == 0).all()
-    assert (clients["compute_s"] > 0).all() and metrics["round_time_s"].tolist() == clients.groupby("round")["total_s"].max().tolist()
+    assert (clients["compute_s"] > 0).all() and metrics["round_time_s"].tolist() == clients.groupby("round")[
+        "total_s"
+    ].max().tolist()
     # Rounds with no update are rounds: recorded, evaluated, the global model unchanged.
     assert metrics["num_clients"].tolist() == [0, 0, 0] and metrics["num_failed"].tolist() == [10, 10, 10]
     assert metrics["test_accuracy"].nunique() == 1 and metrics["bytes_up"].tolist() == [0, 0, 0]
@@ -193,12 +230,19 @@ def test_clients_with_nothing_or_one_sample_to_train(tmp_path, partition):
     metrics, clients = pd.read_parquet(tmp_path / "metrics.parquet"), pd.read_parquet(tmp_path / "clients.parquet")
     sizes = dict(enumerate(build_federation(cfg).clients.sizes()))
     n = clients["client_id"].map(sizes)
-    assert (clients.loc[n == 0, "status"] == "skipped").all() and (clients.loc[n == 0, "reason"] == "no training samples").all()
+    assert (clients.loc[n == 0, "status"] == "skipped").all() and (
+        clients.loc[n == 0, "reason"] == "no training samples"
+    ).all()
     assert (clients.loc[n == 0, "bytes_down"].isna()).all()  # declined at once: no download, no time
     assert (clients.loc[n == 1, "status"] == "failed").all()
     assert clients.loc[n == 1, "reason"].str.startswith("ValueError: Expected more than 1 value per channel").all()
     assert (clients.loc[n > 1, "status"] == "ok").all()
     assert (n == 0).any() and (n == 1).any()
-    assert metrics["round"].tolist() == [1, 2, 3] and (metrics["num_skipped"] == clients.groupby("round")["status"].apply(lambda s: (s == "skipped").sum()).values).all()
+    assert (
+        metrics["round"].tolist() == [1, 2, 3]
+        and (
+            metrics["num_skipped"] == clients.groupby("round")["status"].apply(lambda s: (s == "skipped").sum()).values
+        ).all()
+    )
     if partition == "{kind: iid}":
         assert metrics["num_clients"].tolist() == [0, 0, 0] and metrics["test_accuracy"].nunique() == 1

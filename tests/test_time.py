@@ -65,7 +65,11 @@ FINISH = {0: 5.0, 1: 2.0, 2: 9.0, 3: 2.0}  # clients 1 and 3 tie at 2 s
     [
         (["federation.deadline.target_clients=2"], 2.0, [1, 3]),  # the 2nd update: client 3, tied with 1 at 2 s
         (["federation.deadline.target_clients=1"], 2.0, [1]),  # a tie goes to the lower client id
-        (["federation.deadline.target_clients=3", "federation.deadline.deadline_s=4"], 4.0, [1, 3]),  # the deadline first
+        (
+            ["federation.deadline.target_clients=3", "federation.deadline.deadline_s=4"],
+            4.0,
+            [1, 3],
+        ),  # the deadline first
         (["federation.deadline.target_clients=4"], 9.0, [0, 1, 2, 3]),  # everyone, the slowest last
         (["federation.deadline.target_clients=4", "federation.deadline.deadline_s=7"], 7.0, [0, 1, 3]),
     ],
@@ -94,7 +98,12 @@ def tables(run_dir):
 @pytest.fixture(scope="module")
 def carry_dir(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("carry")
-    run_local(load_config(None, [*SMALL, "federation.rounds=6", "federation.mode=deadline", "federation.deadline.late=carry"]), run_dir)
+    run_local(
+        load_config(
+            None, [*SMALL, "federation.rounds=6", "federation.mode=deadline", "federation.deadline.late=carry"]
+        ),
+        run_dir,
+    )
     return run_dir
 
 
@@ -120,7 +129,14 @@ def test_carried_updates_join_the_round_they_arrive_in_and_their_clients_wait(ca
 @pytest.fixture(scope="module", params=["fedbuff", "fedasync"])
 def async_run(request, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp(request.param)
-    sets = [*SMALL, "federation.rounds=8", "federation.mode=async", f"federation.async.rule={request.param}", "federation.async.concurrency=6", "federation.async.buffer_size=3"]
+    sets = [
+        *SMALL,
+        "federation.rounds=8",
+        "federation.mode=async",
+        f"federation.async.rule={request.param}",
+        "federation.async.concurrency=6",
+        "federation.async.buffer_size=3",
+    ]
     summary = run_local(load_config(None, sets), run_dir)
     return request.param, summary, *tables(run_dir), run_dir
 
@@ -151,8 +167,26 @@ def test_async_events_follow_the_virtual_clock(async_run):
 def test_an_async_client_trains_once_per_model_version(tmp_path):
     # 6 clients, all in flight: the one that just arrived is the only one free, and it waits
     # for the next version instead of training on the same model again
-    sets = ["model.name=mlp", "data.num_clients=6", "data.partition.kind=iid", "federation.clients_per_round=6", "metrics.tensorboard=false"]
-    run_local(load_config(None, [*sets, "federation.rounds=6", "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"]), tmp_path)
+    sets = [
+        "model.name=mlp",
+        "data.num_clients=6",
+        "data.partition.kind=iid",
+        "federation.clients_per_round=6",
+        "metrics.tensorboard=false",
+    ]
+    run_local(
+        load_config(
+            None,
+            [
+                *sets,
+                "federation.rounds=6",
+                "federation.mode=async",
+                "federation.async.concurrency=6",
+                "federation.async.buffer_size=3",
+            ],
+        ),
+        tmp_path,
+    )
     _, clients = tables(tmp_path)
     assert len(clients) == 18 and not clients.duplicated(["client_id", "model_version"]).any()
 
@@ -165,7 +199,9 @@ class Instant(HandClock):
 
 
 def test_async_arrivals_at_one_instant_go_in_client_id_order():
-    cfg = load_config(None, [*SMALL, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"])
+    cfg = load_config(
+        None, [*SMALL, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"]
+    )
     fed = dataclasses.replace(build_federation(cfg), population=Instant())
     queue = Queue(fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None, Batteries())
     first = queue.advance()
@@ -203,7 +239,9 @@ def test_the_timeline_lays_each_task_out_on_the_clock(carry_dir, async_run, tmp_
         np.testing.assert_allclose(c["upload_at"] - c["compute_at"], c["compute_s"], rtol=1e-9)
         assert (c["compute_at"] - c["start"] >= download - 1e-9).all()
         # no two tasks share a row at once (a round-based task holds its row while it waits)
-        held = np.where((timeline.mode(run_dir) != "async") & (c["status"] != "late"), np.maximum(c["end"], c["closes"]), c["end"])
+        held = np.where(
+            (timeline.mode(run_dir) != "async") & (c["status"] != "late"), np.maximum(c["end"], c["closes"]), c["end"]
+        )
         for _, rows in c.assign(held=held).sort_values("start").groupby("slot"):
             assert (rows["start"].to_numpy()[1:] >= rows["held"].to_numpy()[:-1] - 1e-9).all()
         png = timeline.draw(run_dir, tmp_path / f"{run_dir.name}.png", "2-5")

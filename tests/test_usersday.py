@@ -64,7 +64,10 @@ def test_tune_base_is_relative_to_the_tune_file_and_asha_fits_the_rounds(tmp_pat
     (tmp_path / "phones.yaml").write_text(PHONES.read_text())
     monkeypatch.chdir(ROOT)
     exp = load_experiment(tmp_path / "t.yaml")
-    assert exp.base["devices"]["profile"] == str(tmp_path / "phones.yaml") and (exp.max_rounds, exp.grace_period) == (3, 3)
+    assert exp.base["devices"]["profile"] == str(tmp_path / "phones.yaml") and (exp.max_rounds, exp.grace_period) == (
+        3,
+        3,
+    )
 
 
 def test_the_catalog_lists_every_registered_name_and_only_those():
@@ -128,7 +131,9 @@ def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(
         lines = [r.getMessage() for r in caplog.records]
         assert bool(lines) == warns, (overrides, lines)
         if warns:
-            assert len(lines) == 1 and lines[0].endswith("so it runs as its baseline; its paper's setting: devices.profile=fedepth_fair")
+            assert len(lines) == 1 and lines[0].endswith(
+                "so it runs as its baseline; its paper's setting: devices.profile=fedepth_fair"
+            )
 
 
 def test_a_run_out_to_a_uri_lands_there_and_resumes_from_it(tmp_path, monkeypatch):
@@ -140,4 +145,7 @@ def test_a_run_out_to_a_uri_lands_there_and_resumes_from_it(tmp_path, monkeypatc
     assert len(pd.read_parquet(tmp_path / "store" / "run1" / "metrics.parquet")) == 1
     assert main(["run", "--local", "--resume", uri, "--set", "federation.rounds=2"]) == 0
     assert len(pd.read_parquet(tmp_path / "store" / "run1" / "metrics.parquet")) == 2
-    assert main(["run", "--local", "--out", "nosuch://x/y", *sets]) == 2 and not (tmp_path / "home").joinpath("staging", "y").exists()
+    assert (
+        main(["run", "--local", "--out", "nosuch://x/y", *sets]) == 2
+        and not (tmp_path / "home").joinpath("staging", "y").exists()
+    )

@@ -311,7 +311,9 @@ def num_trials(exp: Experiment) -> int:
     return math.prod(len(arg) for kind, arg in exp.domains.values() if kind == "grid") * exp.spec.num_samples
 
 
-def run_experiment(exp: Experiment, resume: bool = False, address: str | None = None, verbose: bool = False) -> dict[str, Any]:
+def run_experiment(
+    exp: Experiment, resume: bool = False, address: str | None = None, verbose: bool = False
+) -> dict[str, Any]:
     """Fit (or, with `resume`, restore and finish) the experiment, then write its results. Quiet
     unless `verbose`: a bar of trials, no Tune status tables, no Ray log lines."""
     if resume and not tune.Tuner.can_restore(str(exp.dir)):

@@ -33,8 +33,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
 from rayfl.configfile import format_error, read_yaml
-from rayfl.loader import absolute_paths, parse_config, read_config, set_values, with_overrides
 from rayfl.devices import configured_profile
+from rayfl.loader import absolute_paths, parse_config, read_config, set_values, with_overrides
 
 log = logging.getLogger("rayfl")
 
@@ -91,7 +91,8 @@ class TuneSpec(Strict):
     storage: str = Field("runs/tune", description="folder of experiments; the experiment dir is storage/name")
     coordinator_cpus: float = Field(0.0, ge=0, description="CPUs each trial reserves for its coordinator")
     callbacks: dict[Literal["mlflow", "wandb"], dict[str, Any]] = Field(
-        default_factory=dict, description="Tune's MLflow / W&B logger callbacks, each with its options (e.g. {mlflow: {tracking_uri: ...}})"
+        default_factory=dict,
+        description="Tune's MLflow / W&B logger callbacks, each with its options (e.g. {mlflow: {tracking_uri: ...}})",
     )
 
     @model_validator(mode="after")
@@ -116,7 +117,11 @@ def domain(key: str, spec: Any) -> tuple[str, Any]:
         if not isinstance(arg, list) or not arg:
             raise ConfigError(f"{where}: {kind} needs a non-empty list of values")
         return kind, arg
-    if not (isinstance(arg, list) and len(arg) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in arg)):
+    if not (
+        isinstance(arg, list)
+        and len(arg) == 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in arg)
+    ):
         raise ConfigError(f"{where}: {kind} needs [low, high]")
     low, high = arg
     if not low < high:
@@ -177,7 +182,9 @@ class Experiment:
         self.grace_period = min(spec.scheduler.grace_period, self.max_rounds)
         """ASHA's grace period, at most `max_rounds` (`--set federation.rounds=5` on a spec whose grace period is 10)."""
         if self.grace_period < spec.scheduler.grace_period and spec.scheduler.name == "asha":
-            log.info(f"scheduler.grace_period: {spec.scheduler.grace_period} > the {self.max_rounds} rounds a trial runs; ASHA uses {self.grace_period}")
+            log.info(
+                f"scheduler.grace_period: {spec.scheduler.grace_period} > the {self.max_rounds} rounds a trial runs; ASHA uses {self.grace_period}"
+            )
         if spec.metric == "time_to_target_s" and self.base_config.federation.target_accuracy is None:
             raise ConfigError("metric: time_to_target_s needs federation.target_accuracy in the base config")
         if spec.search_alg != "none":
@@ -199,7 +206,10 @@ class Experiment:
     def logger_callbacks(self) -> list[Any]:
         """Tune's logger callbacks of `callbacks`, each naming its experiment after this one
         unless its options do."""
-        return [callback_class(name)(**{CALLBACKS[name][3]: self.name, **options}) for name, options in self.spec.callbacks.items()]
+        return [
+            callback_class(name)(**{CALLBACKS[name][3]: self.name, **options})
+            for name, options in self.spec.callbacks.items()
+        ]
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:

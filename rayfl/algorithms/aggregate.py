@@ -122,7 +122,9 @@ Where = Callable[[Sequence[int], Sequence[int]], tuple[slice, ...]]
 (HeteroFL's leading block), or FedSup's centred kernels (`rayfl.models.supernet.crop`)."""
 
 
-def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]], where: Where = prefix) -> dict[str, np.ndarray]:
+def extract(
+    global_weights: Weights, shapes: Mapping[str, Sequence[int]], where: Where = prefix
+) -> dict[str, np.ndarray]:
     """HeteroFL sub-model (Sec. 3.1): every tensor's leading block of the sub-model's shape (or
     the block `where` says: FedSup's sub-nets take centred kernels).
 
@@ -140,7 +142,11 @@ def extract(global_weights: Weights, shapes: Mapping[str, Sequence[int]], where:
 
 
 def count_sum(
-    global_shapes: Mapping[str, Sequence[int]], update: Weights, row_mask: Mapping[str, np.ndarray] | None = None, weight: float = 1.0, where: Where = prefix
+    global_shapes: Mapping[str, Sequence[int]],
+    update: Weights,
+    row_mask: Mapping[str, np.ndarray] | None = None,
+    weight: float = 1.0,
+    where: Where = prefix,
 ) -> dict[str, np.ndarray]:
     """One client's share of HeteroFL's per-entry mean: its (weighted) entries placed in the
     global shapes (at `where`), and per entry the weight of its holding it (under `name + COUNT`).
@@ -180,7 +186,9 @@ def count_finish(global_weights: Weights, total: Mapping[str, np.ndarray]) -> di
     return out
 
 
-def rebase(current: Weights, start: Weights, update: Weights, scale: float, names: Collection[str]) -> dict[str, np.ndarray]:
+def rebase(
+    current: Weights, start: Weights, update: Weights, scale: float, names: Collection[str]
+) -> dict[str, np.ndarray]:
     """An update trained from `start`, moved onto the model the server holds now: for each of
     its tensors in `names` (the parameters), the `current` block of its shape (`prefix`: a
     HeteroFL sub-model's block) plus `scale` (update - start), in float64, cast to the update's

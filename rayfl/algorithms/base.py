@@ -74,11 +74,18 @@ class ServerPolicy:
         """The round's local optimizer: `federation`'s kind and settings at the scheduled rate."""
         return OptimizerSpec.of(self.config.federation, self.lr(round))
 
-    def task(self, client: ClientId, round: Round, weights: Weights, *, kind: type[ClientTask] = ClientTask, **fields: Any) -> ClientTask:
+    def task(
+        self, client: ClientId, round: Round, weights: Weights, *, kind: type[ClientTask] = ClientTask, **fields: Any
+    ) -> ClientTask:
         """One task, by keyword: the configured model, epochs, batch size and the round's optimizer
         unless `fields` say otherwise; `kind` is a task subclass with the algorithm's own fields."""
         fed = self.config.federation
-        defaults = dict(model=self.config.model, local_epochs=fed.local_epochs, batch_size=fed.batch_size, optimizer=self.optimizer(round))
+        defaults = dict(
+            model=self.config.model,
+            local_epochs=fed.local_epochs,
+            batch_size=fed.batch_size,
+            optimizer=self.optimizer(round),
+        )
         return kind(client_id=client, round=round, weights=weights, **{**defaults, **fields})
 
     def eligible(self, round: Round) -> np.ndarray | None:
@@ -119,7 +126,9 @@ class ServerPolicy:
         """One accepted client's share of the round's sum (policies with `sums`), float64 arrays."""
         raise NotImplementedError
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """The new state from the round's accepted results. For policies with `sums`, `total`
         is the sum of their summands (reduced where the clients ran) and the results carry no
         weights; otherwise `total` is empty and the results carry their weights."""
@@ -150,8 +159,16 @@ class ServerPolicy:
         """`personal.personal_scores` of `model` under the run's settings."""
         fed = self.config.federation
         return personal_scores(
-            model, evaluator.clients, evaluator.x_test, evaluator.y.numpy(), self.context.test_split,
-            seed=self.context.seed, round=round, epochs=fed.personalize_epochs, lr=fed.personalize_lr or fed.lr, batch_size=fed.batch_size,
+            model,
+            evaluator.clients,
+            evaluator.x_test,
+            evaluator.y.numpy(),
+            self.context.test_split,
+            seed=self.context.seed,
+            round=round,
+            epochs=fed.personalize_epochs,
+            lr=fed.personalize_lr or fed.lr,
+            batch_size=fed.batch_size,
         )
 
 
@@ -184,5 +201,9 @@ class ClientProcedure:
         """One optimisation step on one batch; returns the batch loss."""
         raise NotImplementedError
 
-    def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
-        return ClientResult.of(task, weights=to_numpy(state.model), num_examples=num_examples, num_samples=num_samples, train_loss=loss)
+    def final(
+        self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float
+    ) -> ClientResult:
+        return ClientResult.of(
+            task, weights=to_numpy(state.model), num_examples=num_examples, num_samples=num_samples, train_loss=loss
+        )

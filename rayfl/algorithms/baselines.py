@@ -46,7 +46,14 @@ def register_baselines(
     for kind, (title, what) in KINDS.items():
         name = f"{kind}{suffix}"
         class_name = f"{title}{suffix.title().replace('_', '')}Config"
-        config = create_model(class_name, __base__=family, __module__=module.__name__, __doc__=f"{title}: {what}.", name=(str, name), **pins[kind])
+        config = create_model(
+            class_name,
+            __base__=family,
+            __module__=module.__name__,
+            __doc__=f"{title}: {what}.",
+            name=(str, name),
+            **pins[kind],
+        )
         setattr(module, class_name, config)
         profile = {"default_profile": exclusive_profile} if kind == "exclusivefl" and exclusive_profile else {}
         out[kind] = register(Algorithm(name, config, policy, procedure, **profile, **options))

@@ -11,7 +11,9 @@ from .messages import FederationContext
 RATE_TOL = 1e-4
 
 
-def fitting_rate(config: RunConfig, context: FederationContext, budget: float, model: ModelConfig | None = None) -> float:
+def fitting_rate(
+    config: RunConfig, context: FederationContext, budget: float, model: ModelConfig | None = None
+) -> float:
     """The largest width rate in (0, 1] whose training memory (`FederationContext.training_memory`)
     fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not even the thinnest fits."""
     model = model or config.model
@@ -30,5 +32,10 @@ def client_rates(config: RunConfig, context: FederationContext, model: ModelConf
     gives r itself (capped at 1: it is that width's measured memory), a `memory_mb` budget its
     `fitting_rate`."""
     classes = context.classes("the width of each client")
-    per_class = [min(c.memory_width, 1.0) if c.memory_width is not None else fitting_rate(config, context, c.memory_mb * 2**20, model) for c in classes]
+    per_class = [
+        min(c.memory_width, 1.0)
+        if c.memory_width is not None
+        else fitting_rate(config, context, c.memory_mb * 2**20, model)
+        for c in classes
+    ]
     return np.array(per_class)[context.device_classes]

@@ -95,11 +95,18 @@ def self_distillation_loss(logits: Sequence[torch.Tensor], y: torch.Tensor, w: f
     k = len(logits)
     loss = sum(F.cross_entropy(z, y) for z in logits)
     if w and k > 1:
-        loss = loss + w / (k - 1) * sum(kl_to(zj, zi) for i, zi in enumerate(logits) for j, zj in enumerate(logits) if j != i)
+        loss = loss + w / (k - 1) * sum(
+            kl_to(zj, zi) for i, zi in enumerate(logits) for j, zj in enumerate(logits) if j != i
+        )
     return loss
 
 
-def feddyn_penalty(params: Mapping[str, torch.Tensor], theta_glob: Mapping[str, torch.Tensor], grad_prev: Mapping[str, torch.Tensor], alpha: float) -> torch.Tensor:
+def feddyn_penalty(
+    params: Mapping[str, torch.Tensor],
+    theta_glob: Mapping[str, torch.Tensor],
+    grad_prev: Mapping[str, torch.Tensor],
+    alpha: float,
+) -> torch.Tensor:
     """FedDyn's client regulariser (Alg. 1): -<theta, grad_prev> + alpha / 2 ||theta - theta_glob||^2."""
     linear = sum((p * grad_prev[k]).sum() for k, p in params.items())
     quadratic = sum(((p - theta_glob[k]) ** 2).sum() for k, p in params.items())
@@ -108,11 +115,20 @@ def feddyn_penalty(params: Mapping[str, torch.Tensor], theta_glob: Mapping[str, 
 
 def dyn_state_update(grad_prev: Weights, theta: Weights, theta_glob: Weights, alpha: float) -> dict[str, np.ndarray]:
     """FedDyn's client state after training (Alg. 1): grad_prev <- grad_prev - alpha (theta - theta_glob)."""
-    return {k: np.asarray(g, np.float64) - alpha * (np.asarray(theta[k], np.float64) - np.asarray(theta_glob[k], np.float64)) for k, g in grad_prev.items()}
+    return {
+        k: np.asarray(g, np.float64)
+        - alpha * (np.asarray(theta[k], np.float64) - np.asarray(theta_glob[k], np.float64))
+        for k, g in grad_prev.items()
+    }
 
 
 def feddyn_server(
-    old: Weights, mean: Weights, counts: Mapping[str, float], h: Mapping[str, np.ndarray], alpha: float, num_clients: int
+    old: Weights,
+    mean: Weights,
+    counts: Mapping[str, float],
+    h: Mapping[str, np.ndarray],
+    alpha: float,
+    num_clients: int,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """FedDyn's server step (Alg. 1) per tensor k held by n_k = `counts[k]` of the round's clients:
     h_k <- h_k - alpha (n_k / N) (mean_k - theta_k), theta_k <- mean_k - h_k / alpha for the
@@ -155,9 +171,18 @@ def exit_logits(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 
 class DepthFLConfig(AlgorithmConfig):
     name: str = "depthfl"
-    kd: bool = Field(True, description="mutual self-distillation among the local model's classifiers (false: CE at each classifier only)")
-    kd_rampup_rounds: int = Field(300, ge=0, description="T of the distillation ramp-up w(t) = exp(-5 (1 - min(t, T) / T)^2), t = round - 1 (0: w = 1)")
-    feddyn: bool = Field(True, description="FedDyn's dynamic regulariser and server correction (false: DepthFL (FedAvg))")
+    kd: bool = Field(
+        True,
+        description="mutual self-distillation among the local model's classifiers (false: CE at each classifier only)",
+    )
+    kd_rampup_rounds: int = Field(
+        300,
+        ge=0,
+        description="T of the distillation ramp-up w(t) = exp(-5 (1 - min(t, T) / T)^2), t = round - 1 (0: w = 1)",
+    )
+    feddyn: bool = Field(
+        True, description="FedDyn's dynamic regulariser and server correction (false: DepthFL (FedAvg))"
+    )
     alpha: float = Field(0.1, gt=0, description="FedDyn's alpha")
 
 
@@ -184,12 +209,17 @@ class DepthFLPolicy(ServerPolicy):
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
-        self.variant = config.model if config.model.aux_heads else config.model.model_copy(update={"aux_heads": self.DEFAULT_AUX})
+        self.variant = (
+            config.model if config.model.aux_heads else config.model.model_copy(update={"aux_heads": self.DEFAULT_AUX})
+        )
         self.full_depth = self.variant.depth
         self.exits = (*self.variant.aux_layers(), self.full_depth - 1)
         """0-based layers followed by a classifier."""
         self.variants = {i + 1: self.variant.model_copy(update={"depth": i + 1}) for i in self.exits}
-        self.prefix_keys = {d: list(build_model(v, context.input_shape, context.num_classes).state_dict()) for d, v in self.variants.items()}
+        self.prefix_keys = {
+            d: list(build_model(v, context.input_shape, context.num_classes).state_dict())
+            for d, v in self.variants.items()
+        }
         model = build_model(self.variant, context.input_shape, context.num_classes)
         self.shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.params = sorted(k for k, _ in model.named_parameters())
@@ -199,7 +229,9 @@ class DepthFLPolicy(ServerPolicy):
         self.budget_depths = {float(b): fitting_depth(list(self.variants), need, float(b)) for b in budgets}
         self.client_depths = np.array(list(self.budget_depths.values()), dtype=int)[inverse]
         if not self.client_depths.any():
-            raise ConfigError(f"devices.profile: no client's memory budget holds the shallowest prefix (depth {min(self.variants)})")
+            raise ConfigError(
+                f"devices.profile: no client's memory budget holds the shallowest prefix (depth {min(self.variants)})"
+            )
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -237,7 +269,19 @@ class DepthFLPolicy(ServerPolicy):
             if d not in prefixes:
                 prefixes[d] = self.prefix(state.weights, d)
             grad_prev = state.clients.get(c) if cfg.feddyn else None
-            tasks.append(self.task(c, round, prefixes[d], kind=DepthFLTask, model=self.variants[d], kd_weight=w, feddyn=cfg.feddyn, alpha=cfg.alpha, grad_prev=grad_prev))
+            tasks.append(
+                self.task(
+                    c,
+                    round,
+                    prefixes[d],
+                    kind=DepthFLTask,
+                    model=self.variants[d],
+                    kd_weight=w,
+                    feddyn=cfg.feddyn,
+                    alpha=cfg.alpha,
+                    grad_prev=grad_prev,
+                )
+            )
         return tasks
 
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
@@ -246,7 +290,9 @@ class DepthFLPolicy(ServerPolicy):
         held = {global_name(k, d, self.full_depth): v for k, v in result.weights.items()}
         return aggregate.count_sum({k: self.shapes[k] for k in held}, held)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Layer-wise: each tensor the mean over its n_k holders (others keep their value), then
         FedDyn's server step; each client's grad_prev kept for its next round."""
         if not total:
@@ -254,8 +300,12 @@ class DepthFLPolicy(ServerPolicy):
         mean = aggregate.count_finish(state.weights, total)
         h = state.opt_state
         if self.config.algorithm.feddyn:
-            counts = {k[: -len(aggregate.COUNT)]: float(v.max()) for k, v in total.items() if k.endswith(aggregate.COUNT)}
-            mean, h = feddyn_server(state.weights, mean, counts, h, self.config.algorithm.alpha, self.context.num_clients)
+            counts = {
+                k[: -len(aggregate.COUNT)]: float(v.max()) for k, v in total.items() if k.endswith(aggregate.COUNT)
+            }
+            mean, h = feddyn_server(
+                state.weights, mean, counts, h, self.config.algorithm.alpha, self.context.num_clients
+            )
         clients = dict(state.clients)
         clients.update((r.client_id, dict(r.keep["grad_prev"])) for r in results if "grad_prev" in r.keep)
         return state.replace(round=round, weights=mean, opt_state=h, clients=clients)
@@ -265,12 +315,18 @@ class DepthFLPolicy(ServerPolicy):
         model = evaluator.models.load(self.variant, state.weights)
         model.eval()
         with torch.no_grad():
-            batches = (torch.tensor(evaluator.x_test[i : i + evaluator.batch_size]) for i in range(0, len(evaluator.y), evaluator.batch_size))
+            batches = (
+                torch.tensor(evaluator.x_test[i : i + evaluator.batch_size])
+                for i in range(0, len(evaluator.y), evaluator.batch_size)
+            )
             per_exit = [torch.cat(z) for z in zip(*(exit_logits(model, x) for x in batches))]
         return ensemble_scores(per_exit, evaluator.y, [i + 1 for i in self.exits])
 
     def summary(self) -> dict[str, Any]:
-        return {"exits": [i + 1 for i in self.exits], "depths": {f"{b / 2**20:.2f} MiB": d for b, d in self.budget_depths.items()}}
+        return {
+            "exits": [i + 1 for i in self.exits],
+            "depths": {f"{b / 2**20:.2f} MiB": d for b, d in self.budget_depths.items()},
+        }
 
 
 # --------------------------------------------------------------------------- client
@@ -285,7 +341,12 @@ class DepthFLClient(ClientProcedure):
         optimizer = task.optimizer.build(model.parameters())
         params = dict(model.named_parameters())
         theta_glob = {k: p.detach().clone() for k, p in params.items()}
-        grad_prev = {k: torch.as_tensor(np.asarray(task.grad_prev[k]), dtype=p.dtype, device=p.device) if task.grad_prev else torch.zeros_like(p) for k, p in params.items()}
+        grad_prev = {
+            k: torch.as_tensor(np.asarray(task.grad_prev[k]), dtype=p.dtype, device=p.device)
+            if task.grad_prev
+            else torch.zeros_like(p)
+            for k, p in params.items()
+        }
         total, samples = 0.0, 0
         for b in ctx.batches(task, len(data)):
             x, y = data.batch(b)
@@ -302,7 +363,17 @@ class DepthFLClient(ClientProcedure):
         if task.feddyn:
             host = lambda tensors: {k: v.cpu().numpy() for k, v in tensors.items()}  # noqa: E731
             keep["grad_prev"] = dyn_state_update(host(grad_prev), weights, host(theta_glob), task.alpha)
-        return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics={"depth": float(len(model.layers))}, keep=keep)
+        return ClientResult.of(
+            task,
+            weights=weights,
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / max(samples, 1),
+            metrics={"depth": float(len(model.layers))},
+            keep=keep,
+        )
 
 
-DEPTHFL = register(Algorithm("depthfl", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))
+DEPTHFL = register(
+    Algorithm("depthfl", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+)

@@ -38,7 +38,11 @@ from .registry import Algorithm, register
 
 class DittoConfig(FedAvgConfig):
     name: str = "ditto"
-    lam: float = Field(0.1, ge=0, description="Ditto's lambda: weight of the personal models' pull (lambda / 2) ||v_k - w^t||^2 towards the global model")
+    lam: float = Field(
+        0.1,
+        ge=0,
+        description="Ditto's lambda: weight of the personal models' pull (lambda / 2) ||v_k - w^t||^2 towards the global model",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,9 +59,14 @@ class DittoPolicy(FedAvgPolicy):
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         """Alg. 1: w^t to each selected client, with its v_k (w^t when it has none yet)."""
-        return [self.task(c, round, state.weights, kind=DittoTask, personal=state.clients.get(c, state.weights)) for c in clients]
+        return [
+            self.task(c, round, state.weights, kind=DittoTask, personal=state.clients.get(c, state.weights))
+            for c in clients
+        ]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """FedAvg's w^{t+1}; each client's new v_k kept as it is (never averaged)."""
         new = super().aggregate(state, round, results, total)
         clients = {**state.clients, **{r.client_id: r.keep["personal"] for r in results}}
@@ -77,7 +86,9 @@ class DittoPolicy(FedAvgPolicy):
             initial.append(float(correct[idx].double().mean()))
             if c in state.clients:
                 model = evaluator.models.load(variant, state.clients[c])
-                personal.append(float((predictions(model, evaluator.x_test[idx], evaluator.batch_size) == y[idx]).double().mean()))
+                personal.append(
+                    float((predictions(model, evaluator.x_test[idx], evaluator.batch_size) == y[idx]).double().mean())
+                )
             else:
                 personal.append(initial[-1])
         return accuracy_stats(initial, personal)
@@ -117,8 +128,13 @@ class DittoClient(FedAvgClient):
             samples += len(b)
         n = max(samples, 1)
         return ClientResult.of(
-            task, weights=to_numpy(state.model), num_examples=len(data), num_samples=samples, train_loss=total / n,
-            metrics={"personal_loss": personal_total / n}, keep={"personal": to_numpy(personal)},
+            task,
+            weights=to_numpy(state.model),
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / n,
+            metrics={"personal_loss": personal_total / n},
+            keep={"personal": to_numpy(personal)},
         )
 
 

@@ -86,7 +86,10 @@ class LocalRelay:
         self.sessions = list(sessions)
 
     def call(self, method: str, args: Sequence[tuple] | None = None) -> list[Any]:
-        return [client_side(invoke, s, method, a) for s, a in zip(self.sessions, per_session(args, len(self.sessions), method))]
+        return [
+            client_side(invoke, s, method, a)
+            for s, a in zip(self.sessions, per_session(args, len(self.sessions), method))
+        ]
 
     def post(self, method: str, args: Sequence[tuple] | None = None) -> None:
         self.call(method, args)

@@ -51,7 +51,9 @@ class FedAvgPolicy(ServerPolicy):
         """n_k x_k and n_k (Alg. 1 l.9's weighted sum)."""
         return aggregate.weighted_sum(result.weights, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Alg. 1 l.9: x_{t+1} <- x_t + eta * sum_k (n_k / n)(x_k - x_t)."""
         if not results:
             return state.replace(round=round)
@@ -96,20 +98,28 @@ class FedAvgClient(ClientProcedure):
         clients of a vectorized call."""
         return {}
 
-    def data_loss(self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean") -> torch.Tensor:
+    def data_loss(
+        self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean"
+    ) -> torch.Tensor:
         """The data term: `cross_entropy` (its reduction as asked). Vectorized, short batches are
         padded with samples labelled `vectorize.IGNORED` (cross-entropy's `ignore_index`), whose
         loss must come out 0: a data term of its own honours that label."""
         return cross_entropy(logits, y, reduction)
 
-    def run_vectorized(self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:
+    def run_vectorized(
+        self, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext
+    ) -> list[ClientResult | ClientFailure]:
         """K clients' local epochs in one batched computation (`vectorize.train_vectorized`)."""
         return train_vectorized(self, tasks, datas, ctx)
 
     def init(self, task: ClientTask, model: nn.Module) -> LocalState:
         model.train()
-        anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if self.penalty is not None else None  # w^t
-        return LocalState(model, task.optimizer.build(model.parameters()), Objective(self.loss_inputs(task, model), anchor))
+        anchor = (
+            {n: p.detach().clone() for n, p in model.named_parameters()} if self.penalty is not None else None
+        )  # w^t
+        return LocalState(
+            model, task.optimizer.build(model.parameters()), Objective(self.loss_inputs(task, model), anchor)
+        )
 
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The objective on one batch: the data term, plus the penalty when there is one."""

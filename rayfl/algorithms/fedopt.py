@@ -20,7 +20,9 @@ from .registry import Algorithm, register
 
 class FedOptConfig(AlgorithmConfig):
     name: Literal["fedadam"] = "fedadam"
-    kind: Literal["adam"] = Field("adam", description="the server optimizer: adam, yogi or adagrad, set by the algorithm's name")
+    kind: Literal["adam"] = Field(
+        "adam", description="the server optimizer: adam, yogi or adagrad, set by the algorithm's name"
+    )
     server_lr: float = Field(0.01, gt=0, description="server learning rate eta")
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay beta_1")
     beta2: float = Field(0.99, ge=0, lt=1, description="second-moment decay beta_2 (Adam, Yogi)")
@@ -44,4 +46,8 @@ class FedAdagradConfig(FedOptConfig):
 
 
 for _cfg in (FedOptConfig, FedYogiConfig, FedAdagradConfig):
-    register(Algorithm(_cfg.model_fields["name"].default, _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None))
+    register(
+        Algorithm(
+            _cfg.model_fields["name"].default, _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None
+        )
+    )

@@ -21,7 +21,9 @@ class FedProxConfig(FedAvgConfig):
     mu: float = Field(0.01, ge=0, description="proximal weight mu of Eq. 2")
 
 
-def squared_distance(params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool = False) -> torch.Tensor:
+def squared_distance(
+    params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool = False
+) -> torch.Tensor:
     """||w - w^t||^2 over every parameter: a scalar, or (K,) for K clients' stacked parameters
     (`batched`: each tensor's first dimension is the client)."""
     return sum(((p - anchor[n]) ** 2).flatten(int(batched)).sum(-1) for n, p in params.items())
@@ -30,7 +32,9 @@ def squared_distance(params: Mapping[str, torch.Tensor], anchor: Mapping[str, to
 class FedProxClient(FedAvgClient):
     """FedAvg's local training on h_k (Eq. 2): the cross-entropy plus the proximal term."""
 
-    def penalty(self, params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool) -> torch.Tensor:
+    def penalty(
+        self, params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool
+    ) -> torch.Tensor:
         """Eq. 2's proximal term (mu / 2) ||w - w^t||^2 (per client when `batched`)."""
         return self.config.algorithm.mu / 2 * squared_distance(params, anchor, batched)
 

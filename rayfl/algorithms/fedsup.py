@@ -47,27 +47,49 @@ from .local import epoch_batches
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .registry import Algorithm, register
 
-SUPERNET_MODELS = {"digits": "supernet_small", "mnist1d": "supernet_small", "cifar10": "supernet", "cifar100": "supernet"}
+SUPERNET_MODELS = {
+    "digits": "supernet_small",
+    "mnist1d": "supernet_small",
+    "cifar10": "supernet",
+    "cifar100": "supernet",
+}
 
 
 class FedSupConfig(AlgorithmConfig):
     name: str = "fedsup"
-    subnets: int = Field(3, ge=1, description="M: sub-nets trained per local iteration (the paper: 3; the published runs: 1)")
+    subnets: int = Field(
+        3, ge=1, description="M: sub-nets trained per local iteration (the paper: 3; the published runs: 1)"
+    )
     sandwich: bool = Field(True, description="the largest and the smallest sub-net always among the M (M >= 3)")
-    inplace_distill: bool = Field(True, description="the other sub-nets learn from the largest's soft predictions (Eq. 6-7); else from the labels")
-    temperature: float = Field(1.0, gt=0, allow_inf_nan=False, description="T of the distillation's softmaxes (Sec. 3.3.2 names one, gives no value; the public code: 1)")
+    inplace_distill: bool = Field(
+        True, description="the other sub-nets learn from the largest's soft predictions (Eq. 6-7); else from the labels"
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="T of the distillation's softmaxes (Sec. 3.3.2 names one, gives no value; the public code: 1)",
+    )
     distill_weight: float = Field(
-        1.0, ge=0, le=1, description="lambda: a distilled sub-net's loss is lambda T^2 soft-CE + (1 - lambda) CE on the labels (Hinton et al.; the public code: 1, soft targets only)"
+        1.0,
+        ge=0,
+        le=1,
+        description="lambda: a distilled sub-net's loss is lambda T^2 soft-CE + (1 - lambda) CE on the labels (Hinton et al.; the public code: 1, soft targets only)",
     )
 
 
 class EFedSupConfig(AlgorithmConfig):
     name: str = "efedsup"
     tier_budgets: list[float] | None = Field(
-        None, description="each device class's budget (weakest first) as a share of the largest sub-net's FLOPs (params); None: evenly from the smallest's share to 1"
+        None,
+        description="each device class's budget (weakest first) as a share of the largest sub-net's FLOPs (params); None: evenly from the smallest's share to 1",
     )
-    budget: Literal["flops", "params"] = Field("flops", description="what a tier's budget bounds: FLOPs (the paper) or parameters (the public code)")
-    aggregation: Literal["fill", "count"] = Field("fill", description="untrained entries: the broadcast values (the paper) or left out of each entry's mean")
+    budget: Literal["flops", "params"] = Field(
+        "flops", description="what a tier's budget bounds: FLOPs (the paper) or parameters (the public code)"
+    )
+    aggregation: Literal["fill", "count"] = Field(
+        "fill", description="untrained entries: the broadcast values (the paper) or left out of each entry's mean"
+    )
     max_draws: int = Field(100, ge=1, description="sub-nets drawn before a client falls back to the smallest")
 
 
@@ -83,7 +105,9 @@ class FedSupTask(ClientTask):
 # --------------------------------------------------------------------------- pure functions
 
 
-def step_subnets(config: SupernetConfig, seed: int, round: Round, client: ClientId, step: int, m: int, sandwich: bool, distill: bool) -> list[Subnet]:
+def step_subnets(
+    config: SupernetConfig, seed: int, round: Round, client: ClientId, step: int, m: int, sandwich: bool, distill: bool
+) -> list[Subnet]:
     """The M sub-nets of one local iteration, keyed by (seed, round, client, step): the largest
     first when distilling or sandwiching (the teacher), then random ones, the smallest last under
     the sandwich rule with M >= 3; one random sub-net when M = 1 (Alg. 1 l. 8)."""
@@ -95,13 +119,21 @@ def step_subnets(config: SupernetConfig, seed: int, round: Round, client: Client
     return first + [random_subnet(config, g) for _ in range(m - 1 - len(last))] + last
 
 
-def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, weight: float = 1.0) -> torch.Tensor:
+def distill_loss(
+    logits: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, weight: float = 1.0
+) -> torch.Tensor:
     """In-place distillation (Eq. 7, with Sec. 3.3.2's temperature T and balance lambda, as
     Hinton et al.): lambda T^2 [-sum softmax(z_T / T) log softmax(z / T)] + (1 - lambda) CE(z, y),
     batch means, z_T the largest's detached prediction. The paper gives no values; T = 1,
     lambda = 1 (soft targets alone) is the public code's `KLLossSoft`."""
-    soft = weight * temperature**2 * -(F.softmax(teacher.detach() / temperature, 1) * F.log_softmax(logits / temperature, 1)).sum(1).mean()
-    return soft if weight == 1 else soft + (1 - weight) * F.cross_entropy(logits, labels)  # no label loss to build at lambda = 1
+    soft = (
+        weight
+        * temperature**2
+        * -(F.softmax(teacher.detach() / temperature, 1) * F.log_softmax(logits / temperature, 1)).sum(1).mean()
+    )
+    return (
+        soft if weight == 1 else soft + (1 - weight) * F.cross_entropy(logits, labels)
+    )  # no label loss to build at lambda = 1
 
 
 def fill_finish(old: Weights, total: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -150,7 +182,11 @@ class SubnetCosts:
         if key not in self._parts:
             module = build()
             x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0)).requires_grad_(key[0] != "stem")
-            self._parts[key] = SubnetCost(flops_on(module, x, train=False), flops_on(module, x, train=True), sum(p.numel() for p in module.parameters()))
+            self._parts[key] = SubnetCost(
+                flops_on(module, x, train=False),
+                flops_on(module, x, train=True),
+                sum(p.numel() for p in module.parameters()),
+            )
         return self._parts[key]
 
     def __call__(self, s: Subnet) -> SubnetCost:
@@ -161,7 +197,9 @@ class SubnetCosts:
             for j in range(depth):
                 stride = cfg.strides[i] if j == 0 else 1
                 size = self.spatial[i] if j == 0 else tuple(math.ceil(n / cfg.strides[i]) for n in self.spatial[i])
-                build = lambda c=c_in, st=stride: _Part(Block(dims, c, width, kernel, st, cfg.norm, c != width), width, kernel)  # noqa: E731
+                build = lambda c=c_in, st=stride: _Part(
+                    Block(dims, c, width, kernel, st, cfg.norm, c != width), width, kernel
+                )  # noqa: E731
                 parts.append(self.part(("block", c_in, width, kernel, stride, size), build, (c_in, *size)))
                 c_in = width
         parts.append(self.part(("head", c_in), lambda: torch.nn.Linear(c_in, self.num_classes), (c_in,)))
@@ -200,14 +238,20 @@ class FedSupPolicy(ServerPolicy):
             classes = context.classes("E-FedSup's tiers")
             cfg = config.algorithm
             lo = self.size(smallest(self.super)) / self.size(largest(self.super))
-            self.budgets = list(cfg.tier_budgets) if cfg.tier_budgets is not None else list(np.linspace(lo, 1.0, len(classes)))
+            self.budgets = (
+                list(cfg.tier_budgets) if cfg.tier_budgets is not None else list(np.linspace(lo, 1.0, len(classes)))
+            )
             if len(self.budgets) != len(classes):
-                raise ConfigError(f"algorithm.tier_budgets: {len(self.budgets)} budgets for the {len(classes)} device classes of profile {config.devices.profile!r}")
+                raise ConfigError(
+                    f"algorithm.tier_budgets: {len(self.budgets)} budgets for the {len(classes)} device classes of profile {config.devices.profile!r}"
+                )
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         if not isinstance(config.model, SupernetConfig):
-            raise ConfigError(f"model.name: {config.algorithm.name} trains a supernet (supernet, supernet_small), not {config.model.name}")
+            raise ConfigError(
+                f"model.name: {config.algorithm.name} trains a supernet (supernet, supernet_small), not {config.model.name}"
+            )
 
     def size(self, subnet: Subnet) -> float:
         """What a tier's budget bounds: the sub-net's inference FLOPs per sample (the paper), or its
@@ -245,7 +289,13 @@ class FedSupPolicy(ServerPolicy):
                 out.append(self.task(c, round, self.subnet(state, s), model=s.config(self.super)))
             return out
         cfg = self.config.algorithm
-        options = {"subnets": cfg.subnets, "sandwich": cfg.sandwich, "inplace_distill": cfg.inplace_distill, "temperature": cfg.temperature, "distill_weight": cfg.distill_weight}
+        options = {
+            "subnets": cfg.subnets,
+            "sandwich": cfg.sandwich,
+            "inplace_distill": cfg.inplace_distill,
+            "temperature": cfg.temperature,
+            "distill_weight": cfg.distill_weight,
+        }
         return [self.task(c, round, state.weights, kind=FedSupTask, **options) for c in clients]
 
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
@@ -253,9 +303,14 @@ class FedSupPolicy(ServerPolicy):
         each entry, and p_k (Alg. 1 l. 13)."""
         n = result.num_examples
         shapes = {k: self.shapes[k] for k in result.weights}
-        return {**aggregate.count_sum(shapes, result.weights, None, n, where=crop), aggregate.WEIGHT: np.array(float(n))}
+        return {
+            **aggregate.count_sum(shapes, result.weights, None, n, where=crop),
+            aggregate.WEIGHT: np.array(float(n)),
+        }
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         if not total:
             return state.replace(round=round)
         count = self.efficient and self.config.algorithm.aggregation == "count"
@@ -266,12 +321,28 @@ class FedSupPolicy(ServerPolicy):
         """E-FedSup: its sub-net's training. FedSup: every iteration's M sub-nets on its batch
         (replaying the client's draws; iterations of equal size)."""
         if self.efficient:
-            return result.num_samples * self.costs(Subnet.of(task.model)).train_flops, nbytes(task.weights), nbytes(result.weights)
+            return (
+                result.num_samples * self.costs(Subnet.of(task.model)).train_flops,
+                nbytes(task.weights),
+                nbytes(result.weights),
+            )
 
         n = result.num_examples or 1
         steps = task.local_epochs * len(epoch_batches(n, task.batch_size, np.random.default_rng(0)))
         per_step = [
-            sum(self.costs(s).train_flops for s in step_subnets(self.super, self.context.seed, task.round, task.client_id, i, task.subnets, task.sandwich, task.inplace_distill))
+            sum(
+                self.costs(s).train_flops
+                for s in step_subnets(
+                    self.super,
+                    self.context.seed,
+                    task.round,
+                    task.client_id,
+                    i,
+                    task.subnets,
+                    task.sandwich,
+                    task.inplace_distill,
+                )
+            )
             for i in range(steps)
         ]
         return result.num_samples * float(np.mean(per_step)), nbytes(task.weights), nbytes(result.weights)
@@ -288,7 +359,9 @@ class FedSupPolicy(ServerPolicy):
 
     def personalize(self, state: ServerState, round: Round, evaluator) -> dict[str, float]:
         big = self.children["big"]
-        return self.personal_scores(evaluator.models.load(big.config(self.super), self.subnet(state, big)), round, evaluator)
+        return self.personal_scores(
+            evaluator.models.load(big.config(self.super), self.subnet(state, big)), round, evaluator
+        )
 
     def global_model(self) -> ModelConfig:
         return self.super
@@ -316,7 +389,16 @@ class FedSupClient(ClientProcedure):
         total, samples = 0.0, 0
         for step, b in enumerate(ctx.batches(task, len(data))):
             x, y = data.batch(b)
-            subnets = step_subnets(task.model, ctx.seed, task.round, task.client_id, step, task.subnets, task.sandwich, task.inplace_distill)
+            subnets = step_subnets(
+                task.model,
+                ctx.seed,
+                task.round,
+                task.client_id,
+                step,
+                task.subnets,
+                task.sandwich,
+                task.inplace_distill,
+            )
             optimizer.zero_grad(set_to_none=True)
             model.set_active(subnets[0])
             teacher = model(x)
@@ -325,13 +407,23 @@ class FedSupClient(ClientProcedure):
             for s in subnets[1:]:
                 model.set_active(s)
                 z = model(x)
-                (distill_loss(z, teacher, y, task.temperature, task.distill_weight) if task.inplace_distill else F.cross_entropy(z, y)).backward()
+                (
+                    distill_loss(z, teacher, y, task.temperature, task.distill_weight)
+                    if task.inplace_distill
+                    else F.cross_entropy(z, y)
+                ).backward()
             model.set_active(subnets[0])
             optimizer.step()
             total += ctx.finite(float(loss.detach())) * len(b)
             samples += len(b)
         model.set_active(largest(task.model))
-        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1))
+        return ClientResult.of(
+            task,
+            weights=to_numpy(model),
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / max(samples, 1),
+        )
 
 
 FEDSUP = register(Algorithm("fedsup", FedSupConfig, FedSupPolicy, FedSupClient, SUPERNET_MODELS))

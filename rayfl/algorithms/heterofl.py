@@ -72,17 +72,33 @@ def parse_levels(mix: str) -> list[Level]:
 class HeteroFLConfig(AlgorithmConfig):
     name: str = "heterofl"
     levels: str = Field("a1-b1-c1-d1-e1", description="level mix: letters a..e (rates 1..1/16) with proportions")
-    mode: Literal["fix", "dynamic", "capability", "class", "budget"] = Field("dynamic", description="how clients get levels (budget: the widest width that fits each client's memory, levels from the budgets)")
+    mode: Literal["fix", "dynamic", "capability", "class", "budget"] = Field(
+        "dynamic",
+        description="how clients get levels (budget: the widest width that fits each client's memory, levels from the budgets)",
+    )
     mask: Literal["zero", "-inf", "none"] = Field("zero", description="masked cross-entropy fill (zero: public code)")
-    label_split_rows: bool = Field(True, description="aggregate classifier rows over only the clients whose label split has the class (the public code always does)")
+    label_split_rows: bool = Field(
+        True,
+        description="aggregate classifier rows over only the clients whose label split has the class (the public code always does)",
+    )
     sbn_clients: float = Field(1.0, gt=0, le=1, description="share of clients whose training data calibrate static BN")
-    weighting: Literal["count", "samples"] = Field("count", description="count: HeteroFL's plain per-entry mean; samples: FedAvg's n_k weights")
-    match_depths: str | None = Field(None, pattern=r"^\d+(-\d+)*$", description="level rates that match the parameter counts of these depths of a depth-sliceable model, e.g. 2-4-6")
+    weighting: Literal["count", "samples"] = Field(
+        "count", description="count: HeteroFL's plain per-entry mean; samples: FedAvg's n_k weights"
+    )
+    match_depths: str | None = Field(
+        None,
+        pattern=r"^\d+(-\d+)*$",
+        description="level rates that match the parameter counts of these depths of a depth-sliceable model, e.g. 2-4-6",
+    )
 
     @field_validator("levels")
     @classmethod
     def _mix(cls, v: str) -> str:
-        if not _MIX.match(v) or any(int(t[1:]) == 0 for t in v.split("-")) or len({t[0] for t in v.split("-")}) != len(v.split("-")):
+        if (
+            not _MIX.match(v)
+            or any(int(t[1:]) == 0 for t in v.split("-"))
+            or len({t[0] for t in v.split("-")}) != len(v.split("-"))
+        ):
             raise ValueError("write levels like a1-b1-e1: distinct letters a..e, each with a positive proportion")
         return v
 
@@ -98,8 +114,15 @@ def matched_levels(levels: Sequence[Level], config: RunConfig, context: Federati
     if not isinstance(config.model, DepthConfig):
         raise ConfigError(f"algorithm.match_depths: model {config.model.name} has no depth to match")
     if len(depths) != len(levels) or depths[0] != config.model.depth:
-        raise ConfigError(f"algorithm.match_depths: one depth per level ({len(levels)}), the largest model.depth ({config.model.depth})")
-    params = lambda **change: sum(p.numel() for p in build_model(config.model.model_copy(update=change), context.input_shape, context.num_classes).parameters())  # noqa: E731
+        raise ConfigError(
+            f"algorithm.match_depths: one depth per level ({len(levels)}), the largest model.depth ({config.model.depth})"
+        )
+    params = lambda **change: sum(
+        p.numel()
+        for p in build_model(
+            config.model.model_copy(update=change), context.input_shape, context.num_classes
+        ).parameters()
+    )  # noqa: E731
     rates = [1.0]
     for depth in depths[1:]:
         target = params(depth=depth)
@@ -151,7 +174,9 @@ class HeteroFLPolicy(ServerPolicy):
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         if not isinstance(config.model, ScaledConfig):
-            raise ConfigError(f"model.name: {config.algorithm.name} needs a width-scalable model with a Scaler (cnn, mlp, cnn1d, preresnet18)")
+            raise ConfigError(
+                f"model.name: {config.algorithm.name} needs a width-scalable model with a Scaler (cnn, mlp, cnn1d, preresnet18)"
+            )
         self.levels = parse_levels(config.algorithm.levels)
         if config.algorithm.match_depths:
             self.levels = matched_levels(self.levels, config, context)
@@ -168,13 +193,17 @@ class HeteroFLPolicy(ServerPolicy):
             need = [context.training_memory(v) for v in self.variants]
             self.fixed = assign_capability(self.levels, need, context.memory_bytes)
             if (self.fixed < 0).all():
-                raise ConfigError(f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}")
+                raise ConfigError(
+                    f"algorithm.levels: no client's memory budget fits any level of {config.algorithm.levels}"
+                )
         elif mode == "budget":
             self.fixed = by_budget
         elif mode == "class":
             classes = context.classes("algorithm.mode class")
             if len(classes) != len(self.levels):
-                raise ConfigError(f"algorithm.levels: mode class needs one level per device class ({len(classes)} in profile {config.devices.profile!r}), not {len(self.levels)}")
+                raise ConfigError(
+                    f"algorithm.levels: mode class needs one level per device class ({len(classes)} in profile {config.devices.profile!r}), not {len(self.levels)}"
+                )
             self.fixed = len(classes) - 1 - np.asarray(context.device_classes)
         else:
             self.fixed = None
@@ -209,18 +238,28 @@ class HeteroFLPolicy(ServerPolicy):
         for c in clients:
             k = self.level_of(round, c)
             weights = aggregate.extract(state.weights, self.shapes[k])
-            tasks.append(self.task(c, round, weights, kind=HeteroFLTask, model=self.variants[k], label_split=self.label_splits[c]))
+            tasks.append(
+                self.task(
+                    c, round, weights, kind=HeteroFLTask, model=self.variants[k], label_split=self.label_splits[c]
+                )
+            )
         return tasks
 
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
         """Sec. 3.1: the client's entries in the global shapes and the entries it holds, its
         classifier rows restricted to its label split (`label_split_rows`); weighted by n_k
         with `weighting: samples`."""
-        mask = {k: self.class_mask(result.client_id) for k in self.classifier} if self.config.algorithm.label_split_rows else None
+        mask = (
+            {k: self.class_mask(result.client_id) for k in self.classifier}
+            if self.config.algorithm.label_split_rows
+            else None
+        )
         weight = result.num_examples if self.config.algorithm.weighting == "samples" else 1.0
         return aggregate.count_sum(self.shapes[0], result.weights, mask, weight)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Sec. 3.1: per-entry mean over the clients holding it; classifier rows by label split."""
         if not results:
             return state.replace(round=round)
@@ -252,11 +291,19 @@ class HeteroFLPolicy(ServerPolicy):
         out: dict[str, float] = {}
         for k, (level, variant) in enumerate(zip(self.levels, self.variants)):
             weights = aggregate.extract(state.weights, self.shapes[k])
-            model = evaluator.models.load(variant, weights) if calibrate is None else static_bn(evaluator.models, variant, weights, calibrate)
+            model = (
+                evaluator.models.load(variant, weights)
+                if calibrate is None
+                else static_bn(evaluator.models, variant, weights, calibrate)
+            )
             logits = evaluator.logits_of(model)
             acc = scores(logits, y)
             if k == 0:
-                out.update(test_accuracy=acc["accuracy"], test_loss=acc["loss"], test_accuracy_local=self.local_accuracy(logits, y))
+                out.update(
+                    test_accuracy=acc["accuracy"],
+                    test_loss=acc["loss"],
+                    test_accuracy_local=self.local_accuracy(logits, y),
+                )
             out[f"test_accuracy@{level.name}"] = acc["accuracy"]
         return out
 
@@ -264,7 +311,11 @@ class HeteroFLPolicy(ServerPolicy):
         accs = []
         for c in range(self.context.num_clients):
             mask = torch.from_numpy(self.class_mask(c))
-            idx = self.context.test_split[c] if self.context.test_split is not None else np.flatnonzero(mask.numpy()[y.numpy()])
+            idx = (
+                self.context.test_split[c]
+                if self.context.test_split is not None
+                else np.flatnonzero(mask.numpy()[y.numpy()])
+            )
             if len(idx):
                 masked = masked_logits(logits[idx], mask, self.config.algorithm.mask)
                 accs.append(float((masked.argmax(1) == y[idx]).float().mean()))
@@ -276,9 +327,18 @@ class HeteroFLPolicy(ServerPolicy):
         levels = {}
         for level, variant in zip(self.levels, self.variants):
             cost = self.context.cost_of(variant)
-            levels[level.name] = {"rate": level.rate, "params": cost.num_params, "forward_flops": cost.forward_flops, "train_flops": cost.train_flops}
+            levels[level.name] = {
+                "rate": level.rate,
+                "params": cost.num_params,
+                "forward_flops": cost.forward_flops,
+                "train_flops": cost.train_flops,
+            }
         # Weights: the mix's proportions (dynamic), or the clients actually dealt each level.
-        share = [l.proportion for l in self.levels] if self.fixed is None else [int((self.fixed == k).sum()) for k in range(len(self.levels))]
+        share = (
+            [l.proportion for l in self.levels]
+            if self.fixed is None
+            else [int((self.fixed == k).sum()) for k in range(len(self.levels))]
+        )
         mean = lambda key: sum(levels[l.name][key] * w for l, w in zip(self.levels, share)) / sum(share)  # noqa: E731
         return {
             "levels": levels,
@@ -326,7 +386,9 @@ class HeteroFLClient(FedAvgClient):
         mask[list(task.label_split)] = True
         return {"mask": mask.to(next(model.parameters()).device)}
 
-    def data_loss(self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean") -> torch.Tensor:
+    def data_loss(
+        self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean"
+    ) -> torch.Tensor:
         """Sec. 3.2's masked cross-entropy (a mask per client when vectorized: clients of one
         width train together, `ray.vectorize`)."""
         return cross_entropy(masked_logits(logits, inputs["mask"], self.config.algorithm.mask), y, reduction)
@@ -336,7 +398,9 @@ def model_classes(model: nn.Module) -> int:
     return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
 
 
-HETEROFL = register(Algorithm("heterofl", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None))
+HETEROFL = register(
+    Algorithm("heterofl", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None)
+)
 
 
 # Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
@@ -347,8 +411,16 @@ register_baselines(
     "",
     {
         "alllarge": {"levels": (Literal["a1"], "a1"), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
-        "allsmall": {"levels": (str, Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
-        "exclusivefl": {"levels": (Literal["a1"], "a1"), "mode": (Literal["capability"], "capability"), "weighting": _SAMPLES},
+        "allsmall": {
+            "levels": (str, Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")),
+            "mode": (Literal["fix"], "fix"),
+            "weighting": _SAMPLES,
+        },
+        "exclusivefl": {
+            "levels": (Literal["a1"], "a1"),
+            "mode": (Literal["capability"], "capability"),
+            "weighting": _SAMPLES,
+        },
     },
     HeteroFLPolicy,
     HeteroFLClient,

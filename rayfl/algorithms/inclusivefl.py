@@ -55,19 +55,31 @@ DEPTH_MODELS = {"digits": "transformer", "mnist1d": "transformer", "synthetic": 
 class DepthGroupsConfig(AlgorithmConfig):
     """Depth groups and their server optimizers (InclusiveFL and its depth baselines)."""
 
-    depths: str = Field("2-4-6", description="layers of each device class's model, weakest first (the paper: 4-8-12 of 12)")
-    server_opt: Literal["adam", "avg"] = Field("adam", description="each group's server step: FedAdam, or FedAvg (eta 1)")
+    depths: str = Field(
+        "2-4-6", description="layers of each device class's model, weakest first (the paper: 4-8-12 of 12)"
+    )
+    server_opt: Literal["adam", "avg"] = Field(
+        "adam", description="each group's server step: FedAdam, or FedAvg (eta 1)"
+    )
     server_lr: float = Field(0.01, gt=0, description="FedAdam's rate eta for every group")
-    server_lrs: list[float] | None = Field(None, description="FedAdam's rate per group, weakest first (the paper: 2e-4, 5e-5, 5e-5)")
+    server_lrs: list[float] | None = Field(
+        None, description="FedAdam's rate per group, weakest first (the paper: 2e-4, 5e-5, 5e-5)"
+    )
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, ge=0, lt=1)
     tau: float = Field(1e-3, gt=0)
-    group_weighting: Literal["samples", "users"] = Field("samples", description="within and across groups: by samples (FedAvg), or per user as Alg. 1 prints")
+    group_weighting: Literal["samples", "users"] = Field(
+        "samples", description="within and across groups: by samples (FedAvg), or per user as Alg. 1 prints"
+    )
 
     @field_validator("depths")
     @classmethod
     def _depths(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+(-\d+)*", v) or any(int(d) < 1 for d in v.split("-")) or sorted(set(map(int, v.split("-")))) != list(map(int, v.split("-"))):
+        if (
+            not re.fullmatch(r"\d+(-\d+)*", v)
+            or any(int(d) < 1 for d in v.split("-"))
+            or sorted(set(map(int, v.split("-")))) != list(map(int, v.split("-")))
+        ):
             raise ValueError("write depths like 2-4-6: positive, increasing, one per device class")
         return v
 
@@ -119,7 +131,9 @@ def sharers(key: str, depths: Sequence[int], prefix: str) -> list[int]:
     return [j for j, d in enumerate(depths) if where is None or where[0] < d - 1]
 
 
-def heterogeneous(old: Weights, new: Mapping[int, Weights], shares: Mapping[int, float], depths: Sequence[int], prefix: str) -> dict[str, np.ndarray]:
+def heterogeneous(
+    old: Weights, new: Mapping[int, Weights], shares: Mapping[int, float], depths: Sequence[int], prefix: str
+) -> dict[str, np.ndarray]:
     """Alg. 1 l. 26-28: each tensor of the largest model is the average of the updated values of
     the round's groups that share it, weighted by their shares renormalised over those groups;
     a tensor no present group shares (the largest group's top layer and head, layers only it
@@ -137,7 +151,9 @@ def heterogeneous(old: Weights, new: Mapping[int, Weights], shares: Mapping[int,
     return out
 
 
-def distill(update: Mapping[str, np.ndarray], momentum: Mapping[str, np.ndarray], top: int, beta: float, prefix: str) -> dict[str, np.ndarray]:
+def distill(
+    update: Mapping[str, np.ndarray], momentum: Mapping[str, np.ndarray], top: int, beta: float, prefix: str
+) -> dict[str, np.ndarray]:
     """Alg. 1 l. 17: g^{j,L_j} <- beta m^k_{t-1} + (1 - beta) g^{j,L_j} for every tensor of the
     top layer (index `top`), matched to the momentum by its name relative to the layer."""
     out = dict(update)
@@ -177,17 +193,23 @@ class InclusiveFLPolicy(ServerPolicy):
         self.keys = [list(build_model(v, context.input_shape, context.num_classes).state_dict()) for v in self.variants]
         self.prefix = type(config.model).layer_prefix
         of_class = {c: j for j, g in enumerate(self.groups) for c in g.classes}
-        self.class_group = np.array([of_class.get(i, -1) for i in range(len(context.classes("InclusiveFL's depth groups")))])
+        self.class_group = np.array(
+            [of_class.get(i, -1) for i in range(len(context.classes("InclusiveFL's depth groups")))]
+        )
         self.grouped = self.class_group[context.device_classes] >= 0
         """(num_clients,) whether a client's device class has a group (ExclusiveFL: the strongest only)."""
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         if not isinstance(config.model, DepthConfig):
-            raise ConfigError(f"model.name: {config.algorithm.name} needs a depth-sliceable model (transformer, resstack, hf_encoder)")
+            raise ConfigError(
+                f"model.name: {config.algorithm.name} needs a depth-sliceable model (transformer, resstack, hf_encoder)"
+            )
         depths = parse_depths(config.algorithm.depths)
         if max(depths) != config.model.depth:
-            raise ConfigError(f"algorithm.depths: the largest depth ({max(depths)}) must be model.depth ({config.model.depth})")
+            raise ConfigError(
+                f"algorithm.depths: the largest depth ({max(depths)}) must be model.depth ({config.model.depth})"
+            )
         groups = cls.plan(config, configured_profile(config.devices).classes)
         lrs = config.algorithm.server_lrs
         if lrs is not None and len(lrs) != len(groups):
@@ -208,7 +230,9 @@ class InclusiveFLPolicy(ServerPolicy):
         if baseline == "exclusivefl":
             return [Group(classes[-1].name, max(depths), (len(classes) - 1,))]
         if len(depths) != len(classes):
-            raise ConfigError(f"algorithm.depths: {len(depths)} depths for the {len(classes)} device classes of profile {config.devices.profile!r}")
+            raise ConfigError(
+                f"algorithm.depths: {len(depths)} depths for the {len(classes)} device classes of profile {config.devices.profile!r}"
+            )
         return [Group(c.name, d, (i,)) for i, (c, d) in enumerate(zip(classes, depths))]
 
     # ----------------------------------------------------------------------- structure
@@ -235,7 +259,9 @@ class InclusiveFLPolicy(ServerPolicy):
     def init_state(self, weights: Weights) -> ServerState:
         """Alg. 1 l. 1-3: the largest model initialised; each group's bottom, top layer and head
         taken from it; momenta at 0."""
-        first_layer = {where[1]: np.shape(v) for k, v in weights.items() if (where := layer_of(k, self.prefix)) and where[0] == 0}
+        first_layer = {
+            where[1]: np.shape(v) for k, v in weights.items() if (where := layer_of(k, self.prefix)) and where[0] == 0
+        }
         largest = len(self.groups) - 1
         groups = []
         for j in range(len(self.groups)):
@@ -270,9 +296,14 @@ class InclusiveFLPolicy(ServerPolicy):
         """The client's share of its group's mean (l. 14): n_k w_k and n_k (or w_k and 1 with
         `group_weighting: users`), keyed `<group>/<name>`."""
         weight = 1.0 if self.config.algorithm.group_weighting == "users" else result.num_examples
-        return {f"{self.group_of(result.client_id)}/{k}": v for k, v in aggregate.weighted_sum(result.weights, weight).items()}
+        return {
+            f"{self.group_of(result.client_id)}/{k}": v
+            for k, v in aggregate.weighted_sum(result.weights, weight).items()
+        }
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Alg. 1 l. 8-29 for the groups that had clients this round; a group that sat the round
         out keeps its top layer, head, optimizer and momentum."""
         if not total:
@@ -287,11 +318,15 @@ class InclusiveFLPolicy(ServerPolicy):
             mean = aggregate.mean_of(part, sub)
             update = aggregate.difference(mean, sub, self.params(j))  # l. 14: g^j
             if j < largest:  # l. 15-18 (several groups: InclusiveFL, whose config has beta)
-                update = distill(update, state.opt_state[j + 1].momentum, self.depths[j] - 1, self.config.algorithm.beta, self.prefix)
+                update = distill(
+                    update, state.opt_state[j + 1].momentum, self.depths[j] - 1, self.config.algorithm.beta, self.prefix
+                )
             opt, params = server_opt.apply(state.opt_state[j].opt, sub, update)  # l. 19
             new[j] = aggregate.merge(mean, params)  # buffers take the group's mean
             shares[j] = float(part[aggregate.WEIGHT])
-            momentum = momentum_of(update, self.depths[j - 1] - 1, self.depths[j] - 1, self.prefix) if j > 0 else None  # l. 20-23
+            momentum = (
+                momentum_of(update, self.depths[j - 1] - 1, self.depths[j] - 1, self.prefix) if j > 0 else None
+            )  # l. 20-23
             groups[j] = GroupState({k: new[j][k] for k in self.top_keys(j)} if j < largest else {}, opt, momentum)
         weights = heterogeneous(state.weights, new, shares, self.depths, self.prefix)
         return state.replace(round=round, weights=weights, opt_state=tuple(groups))
@@ -311,7 +346,12 @@ class InclusiveFLPolicy(ServerPolicy):
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"groups": {g.name: {"depth": g.depth, "params": self.context.cost_of(v).num_params} for g, v in zip(self.groups, self.variants)}}
+        return {
+            "groups": {
+                g.name: {"depth": g.depth, "params": self.context.cost_of(v).num_params}
+                for g, v in zip(self.groups, self.variants)
+            }
+        }
 
 
 def parse_depths(depths: str) -> list[int]:

@@ -45,7 +45,9 @@ from .registry import Algorithm, register
 
 class LGFedAvgConfig(AlgorithmConfig):
     name: str = "lgfedavg"
-    global_layers: int = Field(1, ge=1, description="how many of the last weight layers (Linear/Conv) form the global layers theta^g")
+    global_layers: int = Field(
+        1, ge=1, description="how many of the last weight layers (Linear/Conv) form the global layers theta^g"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +93,9 @@ class LGFedAvgPolicy(ServerPolicy):
         """n_k theta^g_k and n_k (the result's weights are theta^g_k alone)."""
         return aggregate.weighted_sum(result.weights, result.num_examples)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Alg. 1 (server): theta^g <- sum_k n_k theta^g_k / sum_k n_k; theta^l_k kept per client."""
         if not results:
             return state.replace(round=round)
@@ -126,7 +130,9 @@ class LGFedAvgClient(FedAvgClient):
         return split_result(task, super().run(whole(task), data, ctx))
 
     def run_vectorized(self, tasks, datas, ctx):
-        return [split_result(t, out) for t, out in zip(tasks, super().run_vectorized([whole(t) for t in tasks], datas, ctx))]
+        return [
+            split_result(t, out) for t, out in zip(tasks, super().run_vectorized([whole(t) for t in tasks], datas, ctx))
+        ]
 
 
 def whole(task: LGTask) -> LGTask:

@@ -93,7 +93,12 @@ class ClientContext:
         return self.models.build(variant)
 
     def batches(
-        self, task: ClientTask, num_examples: int, epochs: int | None = None, batch_size: int | None = None, purpose: str = "batches"
+        self,
+        task: ClientTask,
+        num_examples: int,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        purpose: str = "batches",
     ) -> Iterator[np.ndarray]:
         """Index batches of `epochs` (default the task's) shuffled epochs, drawn from the
         generator keyed by (seed, round, client, purpose); a second pass with its own purpose

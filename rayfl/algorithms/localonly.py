@@ -34,10 +34,16 @@ class LocalOnlyConfig(AlgorithmConfig):
     name: str = "localonly"
 
 
-def own_model_scores(models: Mapping[ClientId, Weights], variant: ModelConfig, evaluator: Evaluator, context: FederationContext) -> list[dict[str, float]]:
+def own_model_scores(
+    models: Mapping[ClientId, Weights], variant: ModelConfig, evaluator: Evaluator, context: FederationContext
+) -> list[dict[str, float]]:
     """`scores` (accuracy, loss) of each client's own model on its own test rows, in client-id order."""
     rows = dict(own_test_rows(context, evaluator.y.numpy()))
-    return [scores(client_logits(evaluator, variant, models[c], rows[c]), evaluator.y[rows[c]]) for c in sorted(models) if c in rows]
+    return [
+        scores(client_logits(evaluator, variant, models[c], rows[c]), evaluator.y[rows[c]])
+        for c in sorted(models)
+        if c in rows
+    ]
 
 
 def mean_of(values: Sequence[float]) -> float:
@@ -54,7 +60,9 @@ class LocalOnlyPolicy(ServerPolicy):
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         return [self.task(c, round, self.own_model(state, c)) for c in clients]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """No averaging: each trained client's w_k replaces its previous one; w_0 stays."""
         clients = {**state.clients, **{r.client_id: r.weights for r in results}}
         return state.replace(round=round, clients=clients)
@@ -76,4 +84,13 @@ class LocalOnlyPolicy(ServerPolicy):
         return accuracy_stats([], [s["accuracy"] for s in own])
 
 
-LOCALONLY = register(Algorithm("localonly", LocalOnlyConfig, LocalOnlyPolicy, FedAvgClient, vectorizable=True, sync_only="its clients never aggregate: no model version for an update to be stale against"))
+LOCALONLY = register(
+    Algorithm(
+        "localonly",
+        LocalOnlyConfig,
+        LocalOnlyPolicy,
+        FedAvgClient,
+        vectorizable=True,
+        sync_only="its clients never aggregate: no model version for an update to be stale against",
+    )
+)

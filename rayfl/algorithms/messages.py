@@ -84,7 +84,9 @@ class ClientFailure:
     @classmethod
     def of(cls, task: ClientTask, reason: str, **fields: Any) -> "ClientFailure":
         """The failure of `task`, its reason's first line."""
-        return cls(client_id=task.client_id, round=task.round, reason=reason.splitlines()[0] if reason else reason, **fields)
+        return cls(
+            client_id=task.client_id, round=task.round, reason=reason.splitlines()[0] if reason else reason, **fields
+        )
 
 
 @dataclass(frozen=True)
@@ -141,5 +143,7 @@ class FederationContext:
         """The profile's device classes, for a policy that assigns work by class (`who` names
         the setting); `ConfigError` under a device trace, which has no classes."""
         if self.profile is None:
-            raise ConfigError(f"devices.trace: {who} assigns work by device class; give devices.profile (a trace has no classes)")
+            raise ConfigError(
+                f"devices.trace: {who} assigns work by device class; give devices.profile (a trace has no classes)"
+            )
         return self.profile.classes

@@ -46,7 +46,9 @@ PURPOSES = ("batches", "outer", "hessian")
 
 class PerFedAvgConfig(FedAvgConfig):
     name: str = "perfedavg"
-    variant: Literal["fo", "hf"] = Field("fo", description="Per-FedAvg (FO): first-order outer step; (HF): with the Hessian-free correction")
+    variant: Literal["fo", "hf"] = Field(
+        "fo", description="Per-FedAvg (FO): first-order outer step; (HF): with the Hessian-free correction"
+    )
     alpha: float = Field(0.01, gt=0, description="inner (personalization) step size alpha")
     delta: float = Field(1e-3, gt=0, description="HF's finite-difference step delta of the Hessian-vector product")
 
@@ -86,7 +88,9 @@ def meta_gradient(model: nn.Module, batches: Sequence[Batch], alpha: float, delt
     return loss, outer
 
 
-def outer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Batch], alpha: float, delta: float) -> float:
+def outer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Batch], alpha: float, delta: float
+) -> float:
     """One local step of Alg. 1: w <- w - beta x `meta_gradient`, by the task's optimizer at rate
     beta. Returns f(w~; D'), the batch's meta-loss."""
     loss, direction = meta_gradient(model, batches, alpha, delta)
@@ -119,7 +123,9 @@ class PerFedAvgClient(ClientProcedure):
             total += loss * len(idx[1])
             outer += len(idx[1])
             samples += len(idx[0]) + len(idx[1]) + 2 * sum(len(b) for b in idx[2:])  # HF: two gradients on D''
-        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(outer, 1))
+        return ClientResult.of(
+            task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(outer, 1)
+        )
 
 
 # --------------------------------------------------------------------------- server
@@ -142,7 +148,9 @@ class PerFedAvgPolicy(FedAvgPolicy):
             b = rng.generator(self.context.seed, "personalize", round, c).permutation(len(y_train))[:batch_size]
             model = evaluator.models.load(variant, state.weights).train()
             adapt_step(model, (torch.as_tensor(x_train[b]), torch.as_tensor(y_train[b])), alpha)
-            personal.append(float((predictions(model, evaluator.x_test[idx], evaluator.batch_size) == y[idx]).double().mean()))
+            personal.append(
+                float((predictions(model, evaluator.x_test[idx], evaluator.batch_size) == y[idx]).double().mean())
+            )
         return accuracy_stats(initial, personal)
 
 

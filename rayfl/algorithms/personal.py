@@ -26,7 +26,9 @@ from .local import epoch_batches
 from .messages import FederationContext
 
 
-def client_test_indices(test_split: Sequence[np.ndarray] | None, histogram: np.ndarray, y_test: np.ndarray, client: int) -> np.ndarray:
+def client_test_indices(
+    test_split: Sequence[np.ndarray] | None, histogram: np.ndarray, y_test: np.ndarray, client: int
+) -> np.ndarray:
     """A client's test samples: its test split, or the central test samples of its classes."""
     if test_split is not None:
         return np.asarray(test_split[client])
@@ -47,7 +49,9 @@ def predictions(model: nn.Module, x: np.ndarray, batch_size: int) -> torch.Tenso
     """The model's predicted classes for every row of `x` (eval mode, no grad)."""
     model.eval()
     with torch.no_grad():
-        return torch.cat([model(torch.as_tensor(x[i : i + batch_size])).argmax(1) for i in range(0, len(x), batch_size)])
+        return torch.cat(
+            [model(torch.as_tensor(x[i : i + batch_size])).argmax(1) for i in range(0, len(x), batch_size)]
+        )
 
 
 def client_logits(evaluator: Evaluator, variant: ModelConfig, weights: Weights, rows: np.ndarray) -> torch.Tensor:
@@ -64,7 +68,9 @@ def accuracy_stats(initial: Sequence[float], personal: Sequence[float]) -> dict[
     `personal_accuracy`, each with `_std`."""
     out = {}
     for name, xs in (("initial_accuracy", initial), ("personal_accuracy", personal)):
-        out[name], out[f"{name}_std"] = (float(np.mean(xs)), float(np.std(xs))) if len(xs) else (float("nan"), float("nan"))
+        out[name], out[f"{name}_std"] = (
+            (float(np.mean(xs)), float(np.std(xs))) if len(xs) else (float("nan"), float("nan"))
+        )
     return out
 
 

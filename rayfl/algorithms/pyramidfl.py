@@ -42,7 +42,11 @@ class PyramidFLPolicy(FedAvgPolicy):
 
     def predicted_time(self, client: ClientId, round: Round, model_bytes: int) -> float:
         """Completion time of a client's round on its device: FedAvg's compute plus the model both ways."""
-        flops = self.context.cost_of(self.config.model).train_flops * self.context.num_examples[client] * self.config.federation.local_epochs
+        flops = (
+            self.context.cost_of(self.config.model).train_flops
+            * self.context.num_examples[client]
+            * self.config.federation.local_epochs
+        )
         return client_time(self.context.device_state(client, round), flops, model_bytes, model_bytes).total_s
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
@@ -62,7 +66,9 @@ class PyramidFLPolicy(FedAvgPolicy):
         fastest = sorted(chosen, key=lambda c: (self.predicted_time(c, round, size), c))[:k]
         return sorted(fastest)
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """FedAvg, then each participant's reward: the norm of its update x_k - x_t (which the
         client reports, `update_norm`)."""
         new = super().aggregate(state, round, results, total)
@@ -76,11 +82,23 @@ class PyramidFLClient(FedAvgClient):
     """FedAvg's local training; the result also reports ||x_k - x_t|| over the parameters
     (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads."""
 
-    def final(self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float) -> ClientResult:
+    def final(
+        self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float
+    ) -> ClientResult:
         result = super().final(task, state, num_examples, num_samples, loss)
         params = [k for k, _ in state.model.named_parameters()]
-        norm = math.sqrt(sum(float(np.sum((np.asarray(result.weights[k], np.float64) - task.weights[k]) ** 2)) for k in params))
+        norm = math.sqrt(
+            sum(float(np.sum((np.asarray(result.weights[k], np.float64) - task.weights[k]) ** 2)) for k in params)
+        )
         return dataclasses.replace(result, metrics={**result.metrics, "update_norm": norm})
 
 
-PYRAMIDFL = register(Algorithm("pyramidfl", PyramidFLConfig, PyramidFLPolicy, PyramidFLClient, sync_only="it over-selects and keeps the fastest clients itself (a deadline of its own)"))
+PYRAMIDFL = register(
+    Algorithm(
+        "pyramidfl",
+        PyramidFLConfig,
+        PyramidFLPolicy,
+        PyramidFLClient,
+        sync_only="it over-selects and keeps the fastest clients itself (a deadline of its own)",
+    )
+)

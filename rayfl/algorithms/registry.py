@@ -9,7 +9,6 @@ from .. import catalog
 from ..config import AlgorithmConfig, ConfigError
 from .base import ClientProcedure, ServerPolicy
 
-
 SYNC_ONLY = "its aggregation waits for every selected client, and rayfl has no rule for its stale or missing updates"
 
 
@@ -32,7 +31,6 @@ class Algorithm:
     it runs in every mode: its policy aggregates updates rebased onto the current model
     (`rayfl.algorithms.staleness`), each a leading block of the global tensors."""
 
-
     @property
     def summary(self) -> str:
         return catalog.ALGORITHMS[self.name]
@@ -46,7 +44,9 @@ def register(algorithm: Algorithm) -> Algorithm:
     if algorithm.name in _ALGORITHMS:
         raise ValueError(f"algorithm {algorithm.name!r} registered twice")
     if algorithm.vectorizable and not hasattr(algorithm.procedure, "run_vectorized"):
-        raise ValueError(f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized (FedAvgClient's)")
+        raise ValueError(
+            f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized (FedAvgClient's)"
+        )
     _ALGORITHMS[algorithm.name] = algorithm
     return algorithm
 
@@ -57,7 +57,9 @@ def algorithms() -> dict[str, Algorithm]:
 
 def get(name: str) -> Algorithm:
     if name not in _ALGORITHMS:
-        raise KeyError(f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {', '.join(sorted(_ALGORITHMS))})")
+        raise KeyError(
+            f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {', '.join(sorted(_ALGORITHMS))})"
+        )
     return _ALGORITHMS[name]
 
 

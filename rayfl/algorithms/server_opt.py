@@ -33,7 +33,9 @@ class ServerOptState:
     t: int = 0
 
 
-def init(kind: Kind, params: Arrays, eta: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> ServerOptState:
+def init(
+    kind: Kind, params: Arrays, eta: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+) -> ServerOptState:
     """m_{-1} = 0 and v_{-1} = tau^2 (Reddi et al. Alg. 2 requires v_{-1} >= tau^2)."""
     zeros = {k: np.zeros(np.shape(v), np.float64) for k, v in params.items()}
     v0 = {k: np.full(np.shape(v), tau**2, np.float64) for k, v in params.items()} if kind != "sgd" else None

@@ -24,7 +24,14 @@ from .messages import ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 from .split import SplitClient, SplitPolicy, SplitTask
 
-SPLIT_MODELS = {"digits": "cnn2", "mnist": "cnn2", "fashion_mnist": "cnn2", "mnist1d": "cnn1d", "cifar10": "alexnet", "cifar100": "alexnet"}
+SPLIT_MODELS = {
+    "digits": "cnn2",
+    "mnist": "cnn2",
+    "fashion_mnist": "cnn2",
+    "mnist1d": "cnn1d",
+    "cifar10": "alexnet",
+    "cifar100": "alexnet",
+}
 SPLIT_SYNC = "split learning trains its workers together with the server's top model at every iteration"
 """The split-capable model a split algorithm takes on each dataset when the config names none."""
 
@@ -38,9 +45,13 @@ class SFLConfig(AlgorithmConfig):
 class SFLPolicy(SplitPolicy):
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
         bottom = self.bottom(state.weights)
-        return [self.task(c, round, bottom, kind=SplitTask, local_epochs=1, tau=self.config.algorithm.tau) for c in clients]
+        return [
+            self.task(c, round, bottom, kind=SplitTask, local_epochs=1, tau=self.config.algorithm.tau) for c in clients
+        ]
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Bottom models averaged by samples processed (Eq. 17 with d_i); the top model is the
         server's, already folded into `state` by the round's `TopServer.finish`."""
         if not results:

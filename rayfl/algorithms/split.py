@@ -125,7 +125,13 @@ class SplitSession(ClientSession):
 
     def close(self) -> ClientResult:
         samples = self.task.tau * min(self.task.batch_size, len(self.data))
-        return ClientResult.of(self.task, weights=to_numpy(self.bottom), num_examples=len(self.data), num_samples=samples, train_loss=float(np.mean(self.losses)))
+        return ClientResult.of(
+            self.task,
+            weights=to_numpy(self.bottom),
+            num_examples=len(self.data),
+            num_samples=samples,
+            train_loss=float(np.mean(self.losses)),
+        )
 
 
 class SplitClient(ClientProcedure):
@@ -145,7 +151,16 @@ class TopServer(RoundDriver):
     per-worker steps. `lrs` gives the merged step's rate (one value) or each worker's step's
     rate (one per worker, in order); the rest of the optimizer comes from `optimizer`."""
 
-    def __init__(self, top: nn.Module, optimizer: OptimizerSpec, lrs: Sequence[float], merge: bool, seed: int, round: Round, tau: int = 1):
+    def __init__(
+        self,
+        top: nn.Module,
+        optimizer: OptimizerSpec,
+        lrs: Sequence[float],
+        merge: bool,
+        seed: int,
+        round: Round,
+        tau: int = 1,
+    ):
         self.top = top.train()
         self.optimizer = optimizer.build(top.parameters())
         self.lrs = list(lrs)
@@ -164,7 +179,9 @@ class TopServer(RoundDriver):
             losses, grads = self.step(features, labels)
             clients.post("backward", [(g.numpy(), loss) for g, loss in zip(grads, losses)])
 
-    def step(self, features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]) -> tuple[list[float], list[torch.Tensor]]:
+    def step(
+        self, features: Sequence[torch.Tensor], labels: Sequence[torch.Tensor]
+    ) -> tuple[list[float], list[torch.Tensor]]:
         """One iteration: (each worker's loss, each worker's feature gradient). The top model's
         random draws (dropout) are keyed by (seed, round, iteration)."""
         self.iteration += 1
@@ -172,7 +189,9 @@ class TopServer(RoundDriver):
             if self.merge:
                 loss, grads = merged_step(self.top, self.optimizer, features, labels)
                 return [loss] * len(grads), grads
-            return unmerged_steps(self.top, self.optimizer, features, labels, self.lrs if len(self.lrs) == len(features) else None)
+            return unmerged_steps(
+                self.top, self.optimizer, features, labels, self.lrs if len(self.lrs) == len(features) else None
+            )
 
     def weights(self) -> dict[str, np.ndarray]:
         return to_numpy(self.top)
@@ -190,8 +209,12 @@ class SplitPolicy(ServerPolicy):
         super().__init__(config, context)
         if not isinstance(config.model, SplitConfig):
             splittable = sorted(n for n, f in families().items() if issubclass(f.config_class, SplitConfig))
-            raise ConfigError(f"model.name: {config.algorithm.name} needs a model with a split point ({', '.join(splittable)})")
-        bottom, top = split(build_model(config.model, context.input_shape, context.num_classes), config.model.split_layer)
+            raise ConfigError(
+                f"model.name: {config.algorithm.name} needs a model with a split point ({', '.join(splittable)})"
+            )
+        bottom, top = split(
+            build_model(config.model, context.input_shape, context.num_classes), config.model.split_layer
+        )
         self.bottom_keys = list(bottom.state_dict())
         self.top_keys = list(top.state_dict())
         probe = torch.zeros(2, *context.input_shape)
@@ -202,7 +225,9 @@ class SplitPolicy(ServerPolicy):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         if config.federation.local_epochs != 1:
-            raise ConfigError(f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not epochs; leave it at 1")
+            raise ConfigError(
+                f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not epochs; leave it at 1"
+            )
 
     def eligible(self, round: Round) -> np.ndarray:
         """The workers with samples to train (an exchange needs every session's batches)."""
@@ -222,7 +247,15 @@ class SplitPolicy(ServerPolicy):
         model.load_state_dict(to_torch(state.weights))
         top = split(model, self.config.model.split_layer)[1]
         cfg = self.config.algorithm
-        return TopServer(top, self.optimizer(round), self.top_lrs(round, tasks), cfg.merge_features, self.context.seed, round, cfg.tau)
+        return TopServer(
+            top,
+            self.optimizer(round),
+            self.top_lrs(round, tasks),
+            cfg.merge_features,
+            self.context.seed,
+            round,
+            cfg.tau,
+        )
 
     def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
         """Bottom FLOPs; down: the bottom model and every iteration's feature gradients; up: the

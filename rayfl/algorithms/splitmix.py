@@ -45,7 +45,12 @@ from .registry import Algorithm, register
 
 class SplitMixConfig(AlgorithmConfig):
     name: str = "splitmix"
-    atom: float | None = Field(None, gt=0, le=1, description="width rate of each base network, 1/K for an integer K bases (None: the smallest client width, rounded down to 1/K)")
+    atom: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="width rate of each base network, 1/K for an integer K bases (None: the smallest client width, rounded down to 1/K)",
+    )
 
     @field_validator("atom")
     @classmethod
@@ -126,9 +131,13 @@ class SplitMixPolicy(ServerPolicy):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         if not isinstance(config.model, WidthConfig):
-            raise ConfigError(f"model.name: {config.algorithm.name} needs a width-scalable model for its base networks, not {config.model.name}")
+            raise ConfigError(
+                f"model.name: {config.algorithm.name} needs a width-scalable model for its base networks, not {config.model.name}"
+            )
         if config.model.init_weights is not None:
-            raise ConfigError(f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a pretrained state would be ignored")
+            raise ConfigError(
+                f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a pretrained state would be ignored"
+            )
 
     def collapsed(self) -> str | None:
         if (self.counts == self.num_bases).all():
@@ -148,7 +157,9 @@ class SplitMixPolicy(ServerPolicy):
         out: dict[str, np.ndarray] = {}
         for k in range(self.num_bases):
             with rng.seeded_torch(self.context.seed, "init", k):
-                out.update(prefixed(k, to_numpy(build_model(self.base, self.context.input_shape, self.context.num_classes))))
+                out.update(
+                    prefixed(k, to_numpy(build_model(self.base, self.context.input_shape, self.context.num_classes)))
+                )
         return ServerState(round=0, weights=out)
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
@@ -163,9 +174,13 @@ class SplitMixPolicy(ServerPolicy):
 
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
         """n_k w_k and n_k for the tensors of the bases the client trained."""
-        return aggregate.count_sum({k: self.shapes[k] for k in result.weights}, result.weights, None, result.num_examples)
+        return aggregate.count_sum(
+            {k: self.shapes[k] for k in result.weights}, result.weights, None, result.num_examples
+        )
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Each base: the sample-weighted mean over the round's clients that trained it; the
         bases no client trained keep their value."""
         if not results:
@@ -222,7 +237,18 @@ class SplitMixClient(ClientProcedure):
             samples += len(b)
         weights = {k: v for b, net in zip(task.bases, nets) for k, v in prefixed(b, to_numpy(net)).items()}
         metrics = {"bases": float(len(nets)), "width": len(nets) * task.model.rate}
-        return ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics=metrics)
+        return ClientResult.of(
+            task,
+            weights=weights,
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / max(samples, 1),
+            metrics=metrics,
+        )
 
 
-SPLITMIX = register(Algorithm("splitmix", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))
+SPLITMIX = register(
+    Algorithm(
+        "splitmix", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS, default_profile="fedepth_fair"
+    )
+)

@@ -42,7 +42,14 @@ def weight(staleness: int, cfg: StalenessConfig) -> float:
     return 1.0 if staleness <= cfg.b else 1.0 / (cfg.a * (staleness - cfg.b) + 1.0)
 
 
-def as_current(result: ClientResult, start: Weights, current: Weights, staleness: int, federation: FederationConfig, params: Collection[str]) -> ClientResult:
+def as_current(
+    result: ClientResult,
+    start: Weights,
+    current: Weights,
+    staleness: int,
+    federation: FederationConfig,
+    params: Collection[str],
+) -> ClientResult:
     """The update as the policy's `aggregate` takes it, trained from `current`:
 
     - FedAsync (`mode: async`, `rule: fedasync`): the mixed model, (1 - alpha_t) x + alpha_t x_new;

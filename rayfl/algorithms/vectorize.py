@@ -36,9 +36,13 @@ def check_vectorizable(model: nn.Module, what: str) -> None:
     """`ConfigError` naming `ray.vectorize` when the model cannot be trained K clients at a time."""
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            raise ConfigError(f"ray.vectorize: {what} has batch norm (statistics over padded per-client batches); use norm gn, ln or none, or ray.vectorize: 1")
+            raise ConfigError(
+                f"ray.vectorize: {what} has batch norm (statistics over padded per-client batches); use norm gn, ln or none, or ray.vectorize: 1"
+            )
         if isinstance(m, nn.modules.dropout._DropoutNd):
-            raise ConfigError(f"ray.vectorize: {what} has dropout (random draws cannot be kept per client); use ray.vectorize: 1")
+            raise ConfigError(
+                f"ray.vectorize: {what} has dropout (random draws cannot be kept per client); use ray.vectorize: 1"
+            )
 
 
 IGNORED = -100
@@ -46,7 +50,9 @@ IGNORED = -100
 (HeteroFL's -inf fill) gives padding a loss of 0, never 0 x inf."""
 
 
-def train_vectorized(procedure: Any, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext) -> list[ClientResult | ClientFailure]:
+def train_vectorized(
+    procedure: Any, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext
+) -> list[ClientResult | ClientFailure]:
     """Local training of several clients of one model variant at once (see the module docstring)
     on the procedure's own objective: its `data_loss` per sample over the stacked batches, with
     its `loss_inputs` stacked per client, plus its `penalty` over the stacked parameters
@@ -81,10 +87,15 @@ def train_vectorized(procedure: Any, tasks: Sequence[ClientTask], datas: Sequenc
     return steps.outcomes(model, params)
 
 
-def stacked_parameters(model: nn.Module, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext, forward: Callable) -> dict[str, torch.Tensor]:
+def stacked_parameters(
+    model: nn.Module, tasks: Sequence[ClientTask], datas: Sequence[ClientData], ctx: ClientContext, forward: Callable
+) -> dict[str, torch.Tensor]:
     """The clients' parameters stacked (client first) as leaves in their gradients' layout,
     found once per (variant, K, input shape) on this host (`ClientContext.layouts`)."""
-    stacked = {n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(ctx.device) for n, _ in model.named_parameters()}
+    stacked = {
+        n: torch.stack([torch.as_tensor(t.weights[n]) for t in tasks]).to(ctx.device)
+        for n, _ in model.named_parameters()
+    }
     shape = tuple(datas[0].x.shape[1:])
     key = (tasks[0].model, len(tasks), shape)  # what the layout depends on
     if key not in ctx.layouts:
@@ -151,18 +162,34 @@ class Steps:
             if i in self.failure:
                 out.append(ClientFailure.of(task, NON_FINITE, num_samples=self.failure[i]))
                 continue
-            weights = {n: (params[n][i].detach().cpu().numpy().copy() if n in params else task.weights[n]) for n in model.state_dict()}
-            out.append(ClientResult.of(task, weights=weights, num_examples=len(data), num_samples=self.samples[i], train_loss=self.total[i] / max(self.samples[i], 1)))
+            weights = {
+                n: (params[n][i].detach().cpu().numpy().copy() if n in params else task.weights[n])
+                for n in model.state_dict()
+            }
+            out.append(
+                ClientResult.of(
+                    task,
+                    weights=weights,
+                    num_examples=len(data),
+                    num_samples=self.samples[i],
+                    train_loss=self.total[i] / max(self.samples[i], 1),
+                )
+            )
         return out
 
 
-def gradient_strides(stacked: dict[str, torch.Tensor], probe: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> dict[str, tuple[int, ...]]:
+def gradient_strides(
+    stacked: dict[str, torch.Tensor], probe: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+) -> dict[str, tuple[int, ...]]:
     """The memory layout (strides) autograd gives each stacked parameter's gradient, found by one
     backward of `probe` (a batched linear layer's weight gradient comes transposed); a gradient
     that is not dense (a stride-0 expansion) or never computed gets a dense layout."""
     leaves = {n: p.detach().requires_grad_(True) for n, p in stacked.items()}
     grads = torch.autograd.grad(probe(leaves), list(leaves.values()), allow_unused=True)
-    return {n: (p if g is None else torch.empty_like(g, dtype=p.dtype, device="meta")).stride() for (n, p), g in zip(stacked.items(), grads)}
+    return {
+        n: (p if g is None else torch.empty_like(g, dtype=p.dtype, device="meta")).stride()
+        for (n, p), g in zip(stacked.items(), grads)
+    }
 
 
 def laid_out(stacked: dict[str, torch.Tensor], strides: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -171,7 +198,10 @@ def laid_out(stacked: dict[str, torch.Tensor], strides: dict[str, tuple[int, ...
     parameter's layout: on a CPU that copy of every stacked weight cost more than the batched
     products. The layout is found once per variant and K on a host (`ClientContext.layouts`):
     the probe cost 9% of a call."""
-    return {n: torch.empty_strided(p.shape, strides[n], dtype=p.dtype, device=p.device).copy_(p).requires_grad_(True) for n, p in stacked.items()}
+    return {
+        n: torch.empty_strided(p.shape, strides[n], dtype=p.dtype, device=p.device).copy_(p).requires_grad_(True)
+        for n, p in stacked.items()
+    }
 
 
 def clip_per_client(params, clip: GradClip) -> None:
@@ -195,7 +225,9 @@ def snapshot(opt: torch.optim.Optimizer, params, rows: list[int]) -> list[dict[s
         return []
     out = []
     for p in params:
-        state = {key: v[rows].clone() for key, v in opt.state.get(p, {}).items() if torch.is_tensor(v) and v.shape == p.shape}
+        state = {
+            key: v[rows].clone() for key, v in opt.state.get(p, {}).items() if torch.is_tensor(v) and v.shape == p.shape
+        }
         out.append({"param": p.detach()[rows].clone(), **state})
     return out
 

@@ -5,4 +5,14 @@ from .clients import Clients, Partitioned, Sampled, SyntheticClients
 from .partition import load_clients, partition
 from .sources import Dataset, load_dataset, sources
 
-__all__ = ["Clients", "Dataset", "Partitioned", "Sampled", "SyntheticClients", "load_clients", "load_dataset", "partition", "sources"]
+__all__ = [
+    "Clients",
+    "Dataset",
+    "Partitioned",
+    "Sampled",
+    "SyntheticClients",
+    "load_clients",
+    "load_dataset",
+    "partition",
+    "sources",
+]

@@ -106,7 +106,9 @@ class Partitioned(Pooled):
         """One vectorized pass over the held index arrays (no per-client loop)."""
         owner = np.repeat(np.arange(self.num_clients), [len(p) for p in self.parts])
         labels = self.dataset.y_train[np.concatenate(self.parts)] if self.parts else np.zeros(0, np.int64)
-        return np.bincount(owner * self.num_classes + labels, minlength=self.num_clients * self.num_classes).reshape(self.num_clients, self.num_classes)
+        return np.bincount(owner * self.num_classes + labels, minlength=self.num_clients * self.num_classes).reshape(
+            self.num_clients, self.num_classes
+        )
 
 
 class Sampled(Pooled):
@@ -153,15 +155,26 @@ class SyntheticClients(Clients):
         self.num_classes, self.input_shape = spec.num_classes, (spec.dim,)
         cap = 20 * spec.mean_samples
         if num_clients <= rng.EAGER_CLIENTS:
-            self.total: np.ndarray | rng.Column = np.minimum(rng.generator(seed, "synthetic-sizes").lognormal(4, 2, num_clients).astype(np.int64) + 50, cap)
+            self.total: np.ndarray | rng.Column = np.minimum(
+                rng.generator(seed, "synthetic-sizes").lognormal(4, 2, num_clients).astype(np.int64) + 50, cap
+            )
         else:
-            self.total = rng.Column(num_clients, lambda ids: np.minimum(np.exp(4 + 2 * ndtri(rng.keyed_uniform(seed, "synthetic-sizes", ids))).astype(np.int64) + 50, cap))
+            self.total = rng.Column(
+                num_clients,
+                lambda ids: np.minimum(
+                    np.exp(4 + 2 * ndtri(rng.keyed_uniform(seed, "synthetic-sizes", ids))).astype(np.int64) + 50, cap
+                ),
+            )
         self.sigma = np.arange(1, spec.dim + 1, dtype=np.float64) ** -1.2
 
     def test_set(self, eval_clients: int) -> tuple[np.ndarray, np.ndarray]:
         """The held-out samples of every client, or of a seeded sample of `eval_clients` clients."""
         n = self.num_clients
-        shown = range(n) if n <= eval_clients else np.sort(rng.generator(self.seed, "eval-clients").choice(n, eval_clients, replace=False))
+        shown = (
+            range(n)
+            if n <= eval_clients
+            else np.sort(rng.generator(self.seed, "eval-clients").choice(n, eval_clients, replace=False))
+        )
         parts = [(self.samples(int(k)), self.train_size(int(k))) for k in shown]
         return np.concatenate([x[t:] for (x, _), t in parts]), np.concatenate([y[t:] for (_, y), t in parts])
 

@@ -45,7 +45,9 @@ def load_splits(config: DataConfig, seed: int) -> tuple[Any, Any]:
         else:
             data = datasets.load_dataset(config.path)
     except Exception as exc:  # noqa: BLE001 - the library raises many kinds (missing, unreachable, unparsable)
-        raise ConfigError(f"data.path: {config.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise ConfigError(
+            f"data.path: {config.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     if config.split not in data:
         raise ConfigError(f"data.split: {config.path} has no split {config.split!r} (splits: {', '.join(data)})")
     train = data[config.split]
@@ -59,7 +61,9 @@ def check_columns(split: Any, config: DataConfig) -> None:
     f = config.features
     for key, column in (("image", f.image), ("text", f.text), ("label", f.label)):
         if column is not None and column not in split.column_names:
-            raise ConfigError(f"data.features.{key}: no column {column!r} in {config.path} (columns: {', '.join(split.column_names)})")
+            raise ConfigError(
+                f"data.features.{key}: no column {column!r} in {config.path} (columns: {', '.join(split.column_names)})"
+            )
 
 
 def images(split: Any, column: str, mode: str, size: tuple[int, int]) -> np.ndarray:
@@ -104,4 +108,6 @@ def load_hf(config: DataConfig, seed: int) -> Dataset:
     if num_classes < 2:
         raise ConfigError(f"data.features.label: {f.label!r} has {num_classes} class; a classifier needs at least 2")
     name = Path(config.path).name or config.path
-    return Dataset(f"hf:{name}", x_train, y_train, x_test, y_test, num_classes, train.remove_columns([f.image or f.text]))
+    return Dataset(
+        f"hf:{name}", x_train, y_train, x_test, y_test, num_classes, train.remove_columns([f.image or f.text])
+    )

@@ -14,7 +14,17 @@ from typing import Any
 import numpy as np
 
 from .. import rng
-from ..config import ConfigError, DataConfig, DirichletPartition, FlwrPartition, IidPartition, NaturalPartition, NonIidLevelPartition, SampledPartition, ShardsPartition
+from ..config import (
+    ConfigError,
+    DataConfig,
+    DirichletPartition,
+    FlwrPartition,
+    IidPartition,
+    NaturalPartition,
+    NonIidLevelPartition,
+    SampledPartition,
+    ShardsPartition,
+)
 from .clients import Clients, Partitioned, Sampled
 from .sources import Dataset, load_dataset
 
@@ -149,7 +159,9 @@ def partition(dataset: Dataset, config: DataConfig, seed: int) -> Clients:
     elif isinstance(spec, NaturalPartition) and spec.by is not None:
         train = by_column(dataset.name, columns, spec.by, n)
     else:  # natural: only a generated federation, or a dataset with a client column, has its own clients
-        raise ConfigError(f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level, sampled (or natural with by: COLUMN for a Hugging Face dataset)")
+        raise ConfigError(
+            f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level, sampled (or natural with by: COLUMN for a Hugging Face dataset)"
+        )
     return Partitioned(dataset, train, test)
 
 
@@ -163,7 +175,9 @@ def by_column(name: str, columns: Any, column: str, num_clients: int) -> list[np
     values = np.asarray(columns[column])
     keys, owner = np.unique(values, return_inverse=True)
     if num_clients > len(keys):
-        raise ConfigError(f"data.num_clients: {num_clients} clients, but column {column!r} has {len(keys)} distinct values")
+        raise ConfigError(
+            f"data.num_clients: {num_clients} clients, but column {column!r} has {len(keys)} distinct values"
+        )
     order = np.argsort(owner, kind="stable")
     bounds = np.cumsum(np.bincount(owner, minlength=len(keys)))[:-1]
     return np.split(order, bounds)[:num_clients]
@@ -184,7 +198,9 @@ def flwr(name: str, columns: Any, spec: FlwrPartition, num_clients: int) -> list
     try:
         partitioner = cls(num_partitions=num_clients, **(spec.model_extra or {}))
         partitioner.dataset = columns.add_column("__rayfl_index__", np.arange(len(columns)))
-        return [np.sort(np.asarray(partitioner.load_partition(k)["__rayfl_index__"], np.int64)) for k in range(num_clients)]
+        return [
+            np.sort(np.asarray(partitioner.load_partition(k)["__rayfl_index__"], np.int64)) for k in range(num_clients)
+        ]
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"data.partition: {spec.partitioner}: {str(exc).splitlines()[0]}") from None
 

@@ -46,7 +46,6 @@ class Source:
     partition: str = "dirichlet"
     """The partition kind a config that names none takes (`natural` for a generated federation)."""
 
-
     @property
     def summary(self) -> str:
         return catalog.DATASETS[self.name]
@@ -74,7 +73,9 @@ def load_dataset(config: DataConfig, seed: int) -> Any:
     """Load the configured source (a `Dataset`, or a generated federation's `Clients`); unknown
     names and missing files raise `ConfigError`."""
     if config.name not in _SOURCES:
-        raise ConfigError(f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: {', '.join(sorted(_SOURCES))})")
+        raise ConfigError(
+            f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: {', '.join(sorted(_SOURCES))})"
+        )
     return _SOURCES[config.name].load(config, seed)
 
 

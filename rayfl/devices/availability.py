@@ -43,7 +43,11 @@ class Bernoulli:
 
     def online(self, round: int, t: float) -> np.ndarray:
         if self._online is None or self._online[0] != round:
-            self._online = (round, rng.generator(self.seed, "availability", round).random(len(self.chance), np.float32) < np.asarray(self.chance, np.float32))
+            self._online = (
+                round,
+                rng.generator(self.seed, "availability", round).random(len(self.chance), np.float32)
+                < np.asarray(self.chance, np.float32),
+            )
         return self._online[1]
 
     def until(self, client: int, round: int, t: float) -> float:
@@ -53,7 +57,11 @@ class Bernoulli:
         """The first round of the device's current run of online rounds."""
         if self.always:
             return 0.0
-        reached, first = self._since if self._since is not None and self._since[0] <= round else (0, np.ones(len(self.chance), np.int64))
+        reached, first = (
+            self._since
+            if self._since is not None and self._since[0] <= round
+            else (0, np.ones(len(self.chance), np.int64))
+        )
         for r in range(reached + 1, round + 1):
             first = np.where(self.online(r, t), first, r + 1)
         self._since = (round, first)
@@ -156,7 +164,9 @@ def check_rates(cfg: DiurnalAvailability, q: float) -> None:
 class TraceWindows:
     """A trace's intervals: device m online when (t mod period_m) lies in one of its intervals."""
 
-    def __init__(self, device_of: np.ndarray, intervals: tuple[np.ndarray, np.ndarray, np.ndarray], period_s: np.ndarray):
+    def __init__(
+        self, device_of: np.ndarray, intervals: tuple[np.ndarray, np.ndarray, np.ndarray], period_s: np.ndarray
+    ):
         self.device_of = device_of
         dev, frm, to = intervals
         order = np.lexsort((frm, dev))

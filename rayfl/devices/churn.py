@@ -36,14 +36,20 @@ class Churn:
         self.arrived_at = np.zeros(self.n)
         self.arrived_at[self.initial :] = np.inf
         if self.cfg.arrivals_per_hour > 0:
-            gaps = rng.generator(self.seed, "arrivals").exponential(3600 / self.cfg.arrivals_per_hour, self.n - self.initial)
+            gaps = rng.generator(self.seed, "arrivals").exponential(
+                3600 / self.cfg.arrivals_per_hour, self.n - self.initial
+            )
             self.arrived_at[self.initial :] = np.cumsum(gaps)
         self.departed_at = np.full(self.n, np.inf)
         self.departures = 0
         self.next_departure = self._gap(0)
 
     def _gap(self, k: int) -> float:
-        return float(rng.generator(self.seed, "departure-gap", k).exponential(self.gap)) if self.gap < math.inf else math.inf
+        return (
+            float(rng.generator(self.seed, "departure-gap", k).exponential(self.gap))
+            if self.gap < math.inf
+            else math.inf
+        )
 
     def _through(self, t: float) -> None:
         """Process the departures up to time t."""

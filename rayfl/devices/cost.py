@@ -61,7 +61,9 @@ def flops_on(model: nn.Module, x: torch.Tensor, train: bool) -> float:
     from torch.utils.flop_counter import FlopCounterMode  # imported here: client actors rarely count
 
     model.train(train)
-    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward}) as counter:
+    with FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward}
+    ) as counter:
         if train:
             model(x).sum().backward()
         else:
@@ -71,7 +73,21 @@ def flops_on(model: nn.Module, x: torch.Tensor, train: bool) -> float:
     return counter.get_total_flops() / len(x)
 
 
-def _conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+def _conv_backward(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    _bias,
+    _stride,
+    _padding,
+    _dilation,
+    transposed,
+    _output_padding,
+    _groups,
+    output_mask,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """A convolution's backward: the input's gradient (a transposed convolution of the output's
     gradient with the weight) and the weight's (a convolution of the input with the output's
     gradient, group by group) each take the forward's multiply-adds, grouped or not; the bias's
@@ -190,8 +206,13 @@ class Spent:
 
     def columns(self) -> dict[str, float]:
         return {
-            "flops": self.flops, "compute_s": self.compute_s, "comm_s": self.comm_s, "total_s": self.total_s,
-            "bytes_down": self.bytes_down, "bytes_up": self.bytes_up, "energy_j": self.energy_j,
+            "flops": self.flops,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "total_s": self.total_s,
+            "bytes_down": self.bytes_down,
+            "bytes_up": self.bytes_up,
+            "energy_j": self.energy_j,
         }
 
 

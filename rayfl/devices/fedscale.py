@@ -66,7 +66,11 @@ def _entry(path: Path, key: Any, entry: Any, fields: tuple[str, ...]) -> dict:
 
 
 def import_fedscale(
-    capacity: str | Path, behaviour: str | Path, reference_flops: float = REFERENCE_FLOPS, memory_mb: float = 1024.0, battery_j: float | None = None
+    capacity: str | Path,
+    behaviour: str | Path,
+    reference_flops: float = REFERENCE_FLOPS,
+    memory_mb: float = 1024.0,
+    battery_j: float | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The trace tables (`rayfl.devices.trace` format) of FedScale's two files."""
     capacity, behaviour = Path(capacity), Path(behaviour)
@@ -80,21 +84,32 @@ def import_fedscale(
             raise ConfigError(f"{capacity}: client {cid!r}: client ids must be whole numbers")
         e = _entry(capacity, cid, entry, ("computation", "communication"))
         b = _entry(behaviour, keys[i % len(keys)], beh[keys[i % len(keys)]], ("active", "inactive", "finish_time"))
-        if not (isinstance(e["computation"], (int, float)) and e["computation"] > 0 and isinstance(e["communication"], (int, float)) and e["communication"] > 0):
+        if not (
+            isinstance(e["computation"], (int, float))
+            and e["computation"] > 0
+            and isinstance(e["communication"], (int, float))
+            and e["communication"] > 0
+        ):
             raise ConfigError(f"{capacity}: client {cid!r}: computation and communication must be numbers > 0")
-        rows.append((cid, reference_flops / (e["computation"] / 1000), e["communication"] * 1024, float(b["finish_time"])))
+        rows.append(
+            (cid, reference_flops / (e["computation"] / 1000), e["communication"] * 1024, float(b["finish_time"]))
+        )
         spans.extend((cid, float(a), float(z)) for a, z in zip(b["active"], b["inactive"]) if z > a)
     ids, speed, bps, period = zip(*rows)
-    devices = pd.DataFrame({
-        "device_id": np.asarray(ids, np.int64),
-        "flops_per_s": speed,
-        "up_bps": bps,
-        "down_bps": bps,
-        "memory_bytes": np.full(len(ids), int(memory_mb * 2**20), np.int64),
-        "energy_j_per_gflop": ENERGY_J_PER_GFLOP,
-        "energy_j_per_mb": ENERGY_J_PER_MB,
-        "battery_j": np.full(len(ids), np.nan if battery_j is None else battery_j),
-        "period_s": period,
-    })
-    intervals = pd.DataFrame(spans, columns=["device_id", "online_from_s", "online_to_s"]).astype({"device_id": np.int64})
+    devices = pd.DataFrame(
+        {
+            "device_id": np.asarray(ids, np.int64),
+            "flops_per_s": speed,
+            "up_bps": bps,
+            "down_bps": bps,
+            "memory_bytes": np.full(len(ids), int(memory_mb * 2**20), np.int64),
+            "energy_j_per_gflop": ENERGY_J_PER_GFLOP,
+            "energy_j_per_mb": ENERGY_J_PER_MB,
+            "battery_j": np.full(len(ids), np.nan if battery_j is None else battery_j),
+            "period_s": period,
+        }
+    )
+    intervals = pd.DataFrame(spans, columns=["device_id", "online_from_s", "online_to_s"]).astype(
+        {"device_id": np.int64}
+    )
     return devices, intervals

@@ -32,8 +32,12 @@ class Population:
     """
 
     def __init__(
-        self, source: DeviceProfile | DeviceTrace, num_clients: int, seed: int,
-        availability: Availability = BernoulliAvailability(), churn: PopulationConfig = PopulationConfig(),
+        self,
+        source: DeviceProfile | DeviceTrace,
+        num_clients: int,
+        seed: int,
+        availability: Availability = BernoulliAvailability(),
+        churn: PopulationConfig = PopulationConfig(),
     ):
         self.seed, self.num_clients = seed, num_clients
         self.profile = source if isinstance(source, DeviceProfile) else None
@@ -48,7 +52,9 @@ class Population:
                 self.class_of: np.ndarray | rng.Column | None = rng.generator(seed, "devices").permutation(classes)
             else:  # rank r of the keyed permutation holds class i where bounds[i-1] <= r < bounds[i]
                 bounds, rank = np.cumsum(counts), rng.KeyedPermutation(num_clients, seed, "devices")
-                self.class_of = rng.Column(num_clients, lambda ids: np.searchsorted(bounds, rank(ids), side="right").astype(np.int32))
+                self.class_of = rng.Column(
+                    num_clients, lambda ids: np.searchsorted(bounds, rank(ids), side="right").astype(np.int32)
+                )
         else:
             self.class_of = None
             self.device_of = self.trace.assign(num_clients, seed)
@@ -70,9 +76,15 @@ class Population:
             iv = self.trace.intervals
             index = {d: k for k, d in enumerate(self.trace.devices["device_id"])}
             rows = iv["device_id"].map(index).to_numpy(np.int64)
-            return TraceWindows(self.device_of, (rows, iv["online_from_s"].to_numpy(float), iv["online_to_s"].to_numpy(float)), self.trace.periods())
+            return TraceWindows(
+                self.device_of,
+                (rows, iv["online_from_s"].to_numpy(float), iv["online_to_s"].to_numpy(float)),
+                self.trace.periods(),
+            )
         if self.profile is None:
-            return Bernoulli(rng.Column(self.num_clients, lambda ids: np.ones(len(ids), np.float32)), self.seed, always=True)
+            return Bernoulli(
+                rng.Column(self.num_clients, lambda ids: np.ones(len(ids), np.float32)), self.seed, always=True
+            )
         by_class = np.array([c.availability for c in self.profile.classes], np.float32)
         return Bernoulli(self.per_client(by_class), self.seed, always=bool(np.all(by_class >= 1)))
 
@@ -90,7 +102,12 @@ class Population:
 
     def class_memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray:
         """Each class's memory budget in bytes; `width_memory(r)` measures a `memory_width` budget."""
-        return np.array([c.memory_mb * 2**20 if c.memory_mb is not None else width_memory(c.memory_width) for c in self.profile.classes])
+        return np.array(
+            [
+                c.memory_mb * 2**20 if c.memory_mb is not None else width_memory(c.memory_width)
+                for c in self.profile.classes
+            ]
+        )
 
     def memory_bytes(self, width_memory: Callable[[float], float]) -> np.ndarray | rng.Column:
         """(num_clients,) each client's memory budget in bytes."""
@@ -103,8 +120,13 @@ class Population:
             row = self.trace.devices.iloc[int(self.device_of[client])]
             battery = row["battery_j"]
             return DeviceState(
-                device=f"trace:{row['device_id']}", flops=float(row["flops_per_s"]), down_bps=float(row["down_bps"]), up_bps=float(row["up_bps"]),
-                latency_s=0.0, energy_j_per_gflop=float(row["energy_j_per_gflop"]), energy_j_per_mb=float(row["energy_j_per_mb"]),
+                device=f"trace:{row['device_id']}",
+                flops=float(row["flops_per_s"]),
+                down_bps=float(row["down_bps"]),
+                up_bps=float(row["up_bps"]),
+                latency_s=0.0,
+                energy_j_per_gflop=float(row["energy_j_per_gflop"]),
+                energy_j_per_mb=float(row["energy_j_per_mb"]),
                 battery_j=float(battery) if battery == battery else math.inf,
             )
         cls = self.device_class(client)
@@ -112,8 +134,13 @@ class Population:
         mode = rng.generator(self.seed, "mode", epoch, client).integers(len(cls.flops))
         bps = self._bandwidth_mbps(cls, client, round) * 1e6
         return DeviceState(
-            device=cls.name, flops=float(cls.flops[mode]), down_bps=bps, up_bps=bps, latency_s=cls.latency_ms / 1e3,
-            energy_j_per_gflop=cls.energy_j_per_gflop, energy_j_per_mb=cls.energy_j_per_mb,
+            device=cls.name,
+            flops=float(cls.flops[mode]),
+            down_bps=bps,
+            up_bps=bps,
+            latency_s=cls.latency_ms / 1e3,
+            energy_j_per_gflop=cls.energy_j_per_gflop,
+            energy_j_per_mb=cls.energy_j_per_mb,
             battery_j=cls.battery_j if cls.battery_j is not None else math.inf,
         )
 

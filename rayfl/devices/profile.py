@@ -7,11 +7,10 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
+from ..catalog import closest, profile_files
 from ..config import ConfigError, DevicesConfig, Strict
 from ..config_devices import mix_shares
-from ..catalog import closest, profile_files
 from ..configfile import format_error, read_yaml
-
 
 ENERGY_J_PER_GFLOP = 0.1
 """Default training energy: 0.1 J per GFLOP (10 GFLOP/J, an assumption for a phone's or a
@@ -41,10 +40,21 @@ class DeviceClass(Strict):
         "a level drawn once in [low, high] and each round scales it by exp(sigma N(0, 1)), clipped to [low, high]",
     )
     latency_ms: float = Field(0.0, ge=0, description="one-way latency added per exchange, ms")
-    availability: float = Field(1.0, gt=0, le=1, description="chance of being online in a round (availability: bernoulli)")
-    energy_j_per_gflop: float = Field(ENERGY_J_PER_GFLOP, ge=0, allow_inf_nan=False, description="joules per 10^9 training FLOPs")
-    energy_j_per_mb: float = Field(ENERGY_J_PER_MB, ge=0, allow_inf_nan=False, description="joules per 10^6 bytes sent or received")
-    battery_j: float | None = Field(None, gt=0, allow_inf_nan=False, description="joules a device can spend on tasks between charges (None: no limit)")
+    availability: float = Field(
+        1.0, gt=0, le=1, description="chance of being online in a round (availability: bernoulli)"
+    )
+    energy_j_per_gflop: float = Field(
+        ENERGY_J_PER_GFLOP, ge=0, allow_inf_nan=False, description="joules per 10^9 training FLOPs"
+    )
+    energy_j_per_mb: float = Field(
+        ENERGY_J_PER_MB, ge=0, allow_inf_nan=False, description="joules per 10^6 bytes sent or received"
+    )
+    battery_j: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="joules a device can spend on tasks between charges (None: no limit)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "DeviceClass":
@@ -75,7 +85,9 @@ def load_profile(spec: str) -> DeviceProfile:
     builtin = builtin_profiles()
     path = builtin.get(spec, Path(spec).expanduser())
     if spec not in builtin and not path.is_file():
-        raise ConfigError(f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file{closest(spec, builtin)}")
+        raise ConfigError(
+            f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file{closest(spec, builtin)}"
+        )
     raw = read_yaml(path)
     try:
         return DeviceProfile.model_validate(raw)
@@ -91,7 +103,9 @@ def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:
     shares = mix_shares(mix)
     if len(shares) != len(profile.classes):
         names = ":".join(c.name for c in profile.classes)
-        raise ConfigError(f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})")
+        raise ConfigError(
+            f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})"
+        )
     classes = [c.model_copy(update={"proportion": s}) for c, s in zip(profile.classes, shares) if s > 0]
     return profile.model_copy(update={"classes": classes})
 

@@ -22,7 +22,16 @@ from .. import rng
 from ..config import ConfigError
 from ..config_devices import DiurnalAvailability
 
-DEVICE_COLUMNS = ("device_id", "flops_per_s", "up_bps", "down_bps", "memory_bytes", "energy_j_per_gflop", "energy_j_per_mb", "battery_j")
+DEVICE_COLUMNS = (
+    "device_id",
+    "flops_per_s",
+    "up_bps",
+    "down_bps",
+    "memory_bytes",
+    "energy_j_per_gflop",
+    "energy_j_per_mb",
+    "battery_j",
+)
 INTERVAL_COLUMNS = ("device_id", "online_from_s", "online_to_s")
 POSITIVE = ("flops_per_s", "up_bps", "down_bps", "memory_bytes", "period_s")
 NON_NEGATIVE = ("energy_j_per_gflop", "energy_j_per_mb")
@@ -90,9 +99,17 @@ def load_trace(folder: str | Path, need_intervals: bool = False) -> DeviceTrace:
     intervals = None
     if ipath.is_file() or need_intervals:
         intervals = _read(ipath, INTERVAL_COLUMNS)
-        _check(ipath, intervals, "online_to_s", ~(intervals["online_to_s"] > intervals["online_from_s"]), "an interval must end after it starts")
+        _check(
+            ipath,
+            intervals,
+            "online_to_s",
+            ~(intervals["online_to_s"] > intervals["online_from_s"]),
+            "an interval must end after it starts",
+        )
         _check(ipath, intervals, "online_from_s", ~(intervals["online_from_s"] >= 0), "must be >= 0")
-        _check(ipath, intervals, "device_id", ~intervals["device_id"].isin(devices["device_id"]), "not in devices.parquet")
+        _check(
+            ipath, intervals, "device_id", ~intervals["device_id"].isin(devices["device_id"]), "not in devices.parquet"
+        )
     trace = DeviceTrace(folder, devices.reset_index(drop=True), intervals)
     if intervals is not None:
         period = pd.Series(trace.periods(), index=devices["device_id"])
@@ -143,18 +160,22 @@ def generate_trace(num_devices: int, seed: int = 0, days: int = 7) -> tuple[pd.D
     table = np.array([NETWORKS[n][1:] for n in names])
     jitter = np.exp(table[net, 2] * g.standard_normal((2, num_devices)))
     mem = np.array([m for m, _ in MEMORY_MB])[g.choice(len(MEMORY_MB), size=num_devices, p=[p for _, p in MEMORY_MB])]
-    devices = pd.DataFrame({
-        "device_id": np.arange(num_devices),
-        "flops_per_s": speed,
-        "up_bps": table[net, 1] * 1e6 * jitter[1],
-        "down_bps": table[net, 0] * 1e6 * jitter[0],
-        "memory_bytes": mem.astype(np.int64) * 2**20,
-        "energy_j_per_gflop": 0.1 * np.exp(0.3 * g.standard_normal(num_devices)),
-        "energy_j_per_mb": table[net, 3],
-        "battery_j": BATTERY_MEDIAN_J * np.exp(0.5 * g.standard_normal(num_devices)),
-        "period_s": np.full(num_devices, days * DAY.period_s),
-        "network": np.array(names)[net],
-    })
+    devices = pd.DataFrame(
+        {
+            "device_id": np.arange(num_devices),
+            "flops_per_s": speed,
+            "up_bps": table[net, 1] * 1e6 * jitter[1],
+            "down_bps": table[net, 0] * 1e6 * jitter[0],
+            "memory_bytes": mem.astype(np.int64) * 2**20,
+            "energy_j_per_gflop": 0.1 * np.exp(0.3 * g.standard_normal(num_devices)),
+            "energy_j_per_mb": table[net, 3],
+            "battery_j": BATTERY_MEDIAN_J * np.exp(0.5 * g.standard_normal(num_devices)),
+            "period_s": np.full(num_devices, days * DAY.period_s),
+            "network": np.array(names)[net],
+        }
+    )
     dev, frm, to = Diurnal(DAY, num_devices, seed).sessions(days * DAY.period_s)
-    intervals = pd.DataFrame({"device_id": dev, "online_from_s": frm, "online_to_s": to}).sort_values(["device_id", "online_from_s"], kind="stable")
+    intervals = pd.DataFrame({"device_id": dev, "online_from_s": frm, "online_to_s": to}).sort_values(
+        ["device_id", "online_from_s"], kind="stable"
+    )
     return devices, intervals.reset_index(drop=True)

@@ -11,7 +11,22 @@ from .round import Executor, Pace, run_round
 from .scheduler import SCHEDULERS, Scheduler, Synchronous
 
 __all__ = [
-    "SCHEDULERS", "ClientRunner", "Executor", "Federation", "GroupOutcome", "Pace", "Progress", "Scheduler", "Start", "Synchronous",
-    "build_federation", "new_run_dir", "prepare", "run_federation",
-    "start_of", "run_group", "run_round", "torch_threads",
+    "SCHEDULERS",
+    "ClientRunner",
+    "Executor",
+    "Federation",
+    "GroupOutcome",
+    "Pace",
+    "Progress",
+    "Scheduler",
+    "Start",
+    "Synchronous",
+    "build_federation",
+    "new_run_dir",
+    "prepare",
+    "run_federation",
+    "start_of",
+    "run_group",
+    "run_round",
+    "torch_threads",
 ]

@@ -44,7 +44,13 @@ class Plan:
 
 def plan(fed: Federation, task: ClientTask) -> Plan:
     n = int(fed.context.num_examples[task.client_id])
-    done = ClientResult.of(task, weights=task.weights, num_examples=n, num_samples=task.local_epochs * epoch_samples(n, task.batch_size), train_loss=math.nan)
+    done = ClientResult.of(
+        task,
+        weights=task.weights,
+        num_examples=n,
+        num_samples=task.local_epochs * epoch_samples(n, task.batch_size),
+        train_loss=math.nan,
+    )
     return Plan(fed.population.state(task.client_id, task.round), fed.policy.client_cost(task, done))
 
 
@@ -76,7 +82,9 @@ def dropped(fed: Federation, task: ClientTask, start: float, planned: Plan | Non
     return Settled(ClientFailure.of(task, reason), "dropped", reason, planned.cost, cut_s=end - start)
 
 
-def admit(fed: Federation, tasks: Sequence[ClientTask], start: float, batteries: Batteries) -> tuple[list[ClientTask], list[Settled]]:
+def admit(
+    fed: Federation, tasks: Sequence[ClientTask], start: float, batteries: Batteries
+) -> tuple[list[ClientTask], list[Settled]]:
     """The tasks that go out to train, and the records of those settled here: declined for the
     battery, or dropped. Commits the energy of each accepted task to its battery."""
     run, held = [], []
@@ -93,7 +101,10 @@ def admit(fed: Federation, tasks: Sequence[ClientTask], start: float, batteries:
                 reason = f"battery: the task needs {need:.1f} J, {left:.1f} J left"
                 held.append(Settled(ClientFailure.of(task, reason, skipped=True), "skipped", reason, None))
                 continue
-            batteries.levels[c] = (left - spent(device, *planned.cost, record.cut_s if record else None).energy_j, since)
+            batteries.levels[c] = (
+                left - spent(device, *planned.cost, record.cut_s if record else None).energy_j,
+                since,
+            )
         if record is not None:
             held.append(record)
         else:

@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import rng
 from ..algorithms.messages import ClientTask, ServerState
-from .federation import Federation
 from .admission import Batteries, admit, dropped, planned_seconds
+from .federation import Federation
 from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
 from .round import Executor, RoundOutcome, groups_of, round_row
@@ -43,7 +43,15 @@ def key(task: ClientTask) -> tuple[int, int]:
 class Queue:
     """The clients in flight of an asynchronous federation, and the server's state."""
 
-    def __init__(self, fed: Federation, executor: Executor, state: ServerState, now: float, pending: Pending | None, batteries: Batteries):
+    def __init__(
+        self,
+        fed: Federation,
+        executor: Executor,
+        state: ServerState,
+        now: float,
+        pending: Pending | None,
+        batteries: Batteries,
+    ):
         cfg = fed.config.federation
         self.fed, self.executor, self.state, self.now, self.last_step = fed, executor, state, now, now
         self.capacity = cfg.concurrency
@@ -106,7 +114,9 @@ class Queue:
                 continue
             slot = min(set(range(self.capacity)) - {f.slot for *_, f in self.heap})
             took = held[0].cut_s if held else planned_seconds(self.fed, task)
-            self.launch(Flight(client, self.state.round, self.now, self.now + took, slot), task, held[0] if held else None)
+            self.launch(
+                Flight(client, self.state.round, self.now, self.now + took, slot), task, held[0] if held else None
+            )
             self.states[self.state.round] = self.state
 
     def advance(self) -> list[Flight]:
@@ -144,23 +154,49 @@ class Queue:
         state, rnd = self.state, self.state.round + 1
         tasks = [self.tasks.pop((f.client_id, f.version + 1)) for f in arrived]
         done = [(f, t, self.record(t), state.round - f.version) for f, t in zip(arrived, tasks)]
-        new, accepted = merge_arrivals(self.fed, state, rnd, [(r.outcome, t, s) for _, t, r, s in done if r.status == "ok"])
+        new, accepted = merge_arrivals(
+            self.fed, state, rnd, [(r.outcome, t, s) for _, t, r, s in done if r.status == "ok"]
+        )
         rows = [flight_row(self.fed, t, r, f, rnd, s) for f, t, r, s in done]
-        rows += [flight_row(self.fed, t, r, Flight(t.client_id, t.round - 1, at, at, -1), rnd, math.nan) for t, r, at in self.declined]
+        rows += [
+            flight_row(self.fed, t, r, Flight(t.client_id, t.round - 1, at, at, -1), rnd, math.nan)
+            for t, r, at in self.declined
+        ]
         self.declined = []
-        row = round_row(self.fed, new, rnd, rows, accepted, len(done), [t for _, t, _, _ in done], self.now, self.now - self.last_step, [])
+        row = round_row(
+            self.fed,
+            new,
+            rnd,
+            rows,
+            accepted,
+            len(done),
+            [t for _, t, _, _ in done],
+            self.now,
+            self.now - self.last_step,
+            [],
+        )
         row.update(model_version=rnd, **staleness_columns([s for _, _, r, s in done if r.status == "ok"], 0))
         self.state, self.last_step, self.this_version = new, self.now, set()
         out = sorted((f for *_, f in self.heap), key=lambda f: f.key)
         self.states = {v: s for v, s in self.states.items() if any(f.version == v for f in out)}
-        return RoundOutcome(new, row, rows, Pending(tuple(out), dict(self.states), self.dispatched), self.batteries.snapshot())
+        return RoundOutcome(
+            new, row, rows, Pending(tuple(out), dict(self.states), self.dispatched), self.batteries.snapshot()
+        )
 
 
 class Asynchronous:
     """Server steps as arrivals fill the buffer. The tasks of the next step go out before this
     one is yielded, so the clients' hosts train while the loop evaluates and records."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None, batteries: Batteries) -> Iterator[RoundOutcome]:
+    def rounds(
+        self,
+        fed: Federation,
+        executor: Executor,
+        state: ServerState,
+        virtual_time_s: float,
+        pending: Pending | None,
+        batteries: Batteries,
+    ) -> Iterator[RoundOutcome]:
         queue = Queue(fed, executor, state, virtual_time_s, pending, batteries)
         done: RoundOutcome | None = None
         while queue.state.round < fed.config.federation.rounds:

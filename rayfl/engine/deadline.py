@@ -72,7 +72,15 @@ class Deadline:
     """Rounds that close at the K-th update or the deadline. Round r + 1's tasks go out before
     round r is yielded, as in synchronous rounds."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Pending | None, batteries: Batteries) -> Iterator[RoundOutcome]:
+    def rounds(
+        self,
+        fed: Federation,
+        executor: Executor,
+        state: ServerState,
+        virtual_time_s: float,
+        pending: Pending | None,
+        batteries: Batteries,
+    ) -> Iterator[RoundOutcome]:
         late = Late(fed, executor, pending)
         last = fed.config.federation.rounds
         if state.round >= last:
@@ -81,7 +89,11 @@ class Deadline:
         while True:
             out = replace(close(fed, d, state, virtual_time_s, late), batteries=batteries.snapshot())
             state, virtual_time_s = out.state, out.row["virtual_time_s"]
-            following = dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, late.busy()) if d.round < last else None
+            following = (
+                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, late.busy())
+                if d.round < last
+                else None
+            )
             yield out
             if following is None:
                 return
@@ -95,7 +107,9 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     records = d.records(d.gather())
     tasks = {t.client_id: t for t in d.tasks}
     slots = {t.client_id: k for k, t in enumerate(d.tasks)}
-    arrivals = sorted(((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2])
+    arrivals = sorted(
+        ((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2]
+    )
     limit = start + cfg.deadline.deadline_s if cfg.deadline.deadline_s is not None else float("inf")
     on_time, missed, closed_at, updates = [], [], None, 0
     for a, c, r in arrivals:
@@ -109,11 +123,16 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     if closed_at is None and (missed or on_time):
         closed_at = limit if missed else max(a for a, _, _ in on_time)
     elif closed_at is None:  # nobody to select (all busy, say): the round lasts until the next arrival or the deadline
-        closed_at = min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
+        closed_at = (
+            min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
+        )
     flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)  # noqa: E731
     carried = late.arrive(closed_at)
-    merged = sorted([(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
-                    + [(f, r, t, state.round - f.version) for f, r, t in carried], key=lambda x: x[0].key)
+    merged = sorted(
+        [(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
+        + [(f, r, t, state.round - f.version) for f, r, t in carried],
+        key=lambda x: x[0].key,
+    )
     new, accepted = merge_arrivals(fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged])
     rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
     for row, (a, _, _) in zip(rows, on_time):
@@ -124,9 +143,16 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         late.add(flight(a, c, keep), r, tasks[c], state)
         row = flight_row(fed, tasks[c], r, flight(a, c), rnd, float("nan"))
         if r.status == "ok":
-            row.update(status="late", reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s ({'carried' if keep else 'dropped'})")
+            row.update(
+                status="late",
+                reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s ({'carried' if keep else 'dropped'})",
+            )
         rows.append(row)
     waits = [row["wait_s"] for row in rows if "wait_s" in row]
-    extra: dict[str, Any] = {"model_version": rnd, "num_carried": len(carried), **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows))}
+    extra: dict[str, Any] = {
+        "model_version": rnd,
+        "num_carried": len(carried),
+        **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows)),
+    }
     row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)
     return RoundOutcome(new, {**row, **extra}, rows, late.pending())

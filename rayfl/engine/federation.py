@@ -8,8 +8,8 @@ and training memory (`FederationContext`), the policy, the procedure and the eva
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -53,7 +53,9 @@ class Federation:
             saved = torch.load(Path(self.config.model.init_weights).expanduser(), map_location="cpu", weights_only=True)
             matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
             if not matched:
-                raise ConfigError(f"model.init_weights: no tensor of {self.config.model.init_weights} matches model {self.config.model.name}")
+                raise ConfigError(
+                    f"model.init_weights: no tensor of {self.config.model.init_weights} matches model {self.config.model.name}"
+                )
             weights.update((k, v.astype(weights[k].dtype)) for k, v in matched.items())
         return weights
 
@@ -92,7 +94,18 @@ def build_federation(config: RunConfig) -> Federation:
     vectorizable = vectorizes(config, algorithm, probe)
     policy = algorithm.policy(config, context)
     evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
-    return Federation(config, clients, population, context, policy, algorithm.procedure(config), models, costs, evaluator, vectorizable)
+    return Federation(
+        config,
+        clients,
+        population,
+        context,
+        policy,
+        algorithm.procedure(config),
+        models,
+        costs,
+        evaluator,
+        vectorizable,
+    )
 
 
 def vectorizes(config: RunConfig, algorithm: Any, probe: Any) -> bool:
@@ -100,7 +113,9 @@ def vectorizes(config: RunConfig, algorithm: Any, probe: Any) -> bool:
     `ray.vectorize` > 1 asks it of ones that cannot (`auto` then trains them one at a time)."""
     try:
         if not algorithm.vectorizable:
-            raise ConfigError(f"ray.vectorize: {config.algorithm.name} trains its clients one at a time; use ray.vectorize: 1")
+            raise ConfigError(
+                f"ray.vectorize: {config.algorithm.name} trains its clients one at a time; use ray.vectorize: 1"
+            )
         check_vectorizable(probe, f"model {config.model.name}")
         return True
     except ConfigError:

@@ -61,12 +61,19 @@ def reconfigure(fed: Federation, flight: Flight, states: Mapping[int, ServerStat
     return fed.policy.configure(states[flight.version], flight.version + 1, [flight.client_id])[0]
 
 
-def flight_row(fed: Federation, task: ClientTask, record: Settled, flight: Flight, rnd: Round, staleness: float) -> dict[str, Any]:
+def flight_row(
+    fed: Federation, task: ClientTask, record: Settled, flight: Flight, rnd: Round, staleness: float
+) -> dict[str, Any]:
     """A client's row with the virtual clock's columns: the round (server step) it is recorded
     in, the version it trained from, its staleness, when it left and arrived, its slot."""
     row = client_row(fed, task, record)
     row.update(
-        round=rnd, model_version=flight.version, staleness=staleness, dispatched_at=flight.dispatched_at, arrived_at=flight.arrives_at, slot=flight.slot
+        round=rnd,
+        model_version=flight.version,
+        staleness=staleness,
+        dispatched_at=flight.dispatched_at,
+        arrived_at=flight.arrives_at,
+        slot=flight.slot,
     )
     return row
 
@@ -78,7 +85,12 @@ def merge_arrivals(
     order given, each trained from an older model moved onto `state`'s (`as_current`; a fresh
     deadline update is taken as it is). Returns the new state and the results aggregated."""
     policy, cfg = fed.policy, fed.config.federation
-    results = [r if (s == 0 and cfg.mode == "deadline") else as_current(r, t.weights, state.weights, s, cfg, fed.context.param_names) for r, t, s in arrivals]
+    results = [
+        r
+        if (s == 0 and cfg.mode == "deadline")
+        else as_current(r, t.weights, state.weights, s, cfg, fed.context.param_names)
+        for r, t, s in arrivals
+    ]
     total = add_up(policy.summand(r) for r in results) if policy.sums else {}
     return policy.aggregate(state, rnd, results, total), results
 

@@ -87,7 +87,9 @@ def vectorize_width(fed: Federation, device: str, memory_share: float | None) ->
 class ClientRunner:
     """Runs client tasks of one federation against the training arrays it holds."""
 
-    def __init__(self, procedure: ClientProcedure, clients: Clients, seed: int, device: str = "cpu", vectorize: int = 1):
+    def __init__(
+        self, procedure: ClientProcedure, clients: Clients, seed: int, device: str = "cpu", vectorize: int = 1
+    ):
         self.procedure = procedure
         self.clients = clients
         self.seed = seed
@@ -118,7 +120,9 @@ class ClientRunner:
             variants: dict = {}
             for t in tasks:
                 variants.setdefault(t.model, []).append(t)
-            chunks = [same[i : i + self.vectorize] for same in variants.values() for i in range(0, len(same), self.vectorize)]
+            chunks = [
+                same[i : i + self.vectorize] for same in variants.values() for i in range(0, len(same), self.vectorize)
+            ]
         out: dict[ClientId, ClientResult | ClientFailure] = {}
         for chunk in chunks:
             out.update((o.client_id, o) for o in self.outcomes(chunk))
@@ -196,7 +200,9 @@ def sums_where_run(policy: ServerPolicy) -> bool:
     return policy.sums and policy.config.federation.mode == "sync"
 
 
-def settle_all(policy: ServerPolicy, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure]) -> GroupOutcome:
+def settle_all(
+    policy: ServerPolicy, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure]
+) -> GroupOutcome:
     """Settle each task's outcome; where the accepted clients' summands are added up where they
     ran (`sums_where_run`), add them in task order and drop their weights (no summand is held)."""
     settled, total = [], {}

@@ -79,8 +79,14 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
     collapse = fed.policy.collapsed()
     if collapse:
         declared = algorithms.get(config.algorithm.name).default_profile
-        hint = f"; its paper's setting: devices.profile={declared}" if declared and declared != config.devices.profile else ""
-        log.warning(f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}")
+        hint = (
+            f"; its paper's setting: devices.profile={declared}"
+            if declared and declared != config.devices.profile
+            else ""
+        )
+        log.warning(
+            f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}"
+        )
     check_writable(run_dir)
     start = start_of(fed, run_dir, resume)
     if config.federation.checkpoint_every:
@@ -92,11 +98,19 @@ def start_of(fed: Federation, run_dir: str | Path, resume: bool) -> Start:
     """Round 0, or with `resume` RUN_DIR's newest intact checkpoint and the rows up to it."""
     if resume:
         saved = checkpoint.latest(run_dir)
-        return Start(saved.state, saved.virtual_time_s, Recorder.reopen(run_dir, saved.state.round), saved.pending, saved.batteries or Batteries())
+        return Start(
+            saved.state,
+            saved.virtual_time_s,
+            Recorder.reopen(run_dir, saved.state.round),
+            saved.pending,
+            saved.batteries or Batteries(),
+        )
     return Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
 
 
-def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None) -> dict[str, Any]:
+def run_federation(
+    fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None
+) -> dict[str, Any]:
     """All rounds of one federation from `start` as the scheduler of its `federation.mode`
     settles them; writes RUN_DIR as it goes and returns the summary. Each round is evaluated, recorded,
     checkpointed and reported while the scheduler's next clients train. A resumed run recomputes
@@ -107,7 +121,11 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
         checkpoint.clear(run_dir)
     dump_config(fed.config, run_dir / "config.yaml")
     recorder = start.recorder
-    board = TensorBoard(run_dir / "tb", (run_dir / "config.yaml").read_text(), start.state.round + 1) if fed.config.metrics.tensorboard else None
+    board = (
+        TensorBoard(run_dir / "tb", (run_dir / "config.yaml").read_text(), start.state.round + 1)
+        if fed.config.metrics.tensorboard
+        else None
+    )
     fed_cfg = fed.config.federation
     t0 = time.perf_counter() - (recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0)
 
@@ -117,13 +135,17 @@ def run_federation(fed: Federation, executor: Executor, run_dir: str | Path, sta
         recorder.record(row, out.clients)
         if board is not None:
             board.add(row)
-        if fed_cfg.checkpoint_every and (row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds):
+        if fed_cfg.checkpoint_every and (
+            row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds
+        ):
             checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending, out.batteries)
         if progress is not None:
             progress(row)
 
     try:
-        for out in SCHEDULERS[fed_cfg.mode]().rounds(fed, executor, start.state, start.virtual_time_s, start.pending, start.batteries.snapshot()):
+        for out in SCHEDULERS[fed_cfg.mode]().rounds(
+            fed, executor, start.state, start.virtual_time_s, start.pending, start.batteries.snapshot()
+        ):
             finish(out)
     finally:
         if board is not None:

@@ -25,8 +25,8 @@ from ..algorithms.exchange import RoundDriver
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, ServerState
 from ..devices import client_time, round_duration, spent
 from ..types import ClientId, Round
-from .federation import Federation
 from .admission import Batteries, admit
+from .federation import Federation
 from .host import GroupOutcome, Settled, settle_all
 
 Pace = Callable[[GroupOutcome], float]
@@ -37,7 +37,9 @@ times, one after another)."""
 class Executor(Protocol):
     """Runs a round's groups of tasks; hosts `host.run_group`."""
 
-    def submit(self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None) -> Callable[[], list[GroupOutcome]]:
+    def submit(
+        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+    ) -> Callable[[], list[GroupOutcome]]:
         """Start the groups; the returned call waits for them and gives their outcomes in group
         order. With `pace`, a group's host stays busy for `pace(outcome)` seconds from its start."""
 
@@ -80,7 +82,15 @@ def groups_of(tasks: Sequence[ClientTask], size: int) -> list[list[ClientTask]]:
     return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
 
-def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor, start: float, batteries: Batteries, busy: Collection[ClientId] = ()) -> Dispatched:
+def dispatch(
+    fed: Federation,
+    state: ServerState,
+    rnd: Round,
+    executor: Executor,
+    start: float,
+    batteries: Batteries,
+    busy: Collection[ClientId] = (),
+) -> Dispatched:
     """At virtual time `start`, select among the clients online and not `busy` (still training an
     earlier task), configure the round's tasks, settle those their devices decline or cannot
     finish (`admission.admit`) and start the rest (a server-in-the-loop round starts when
@@ -94,7 +104,9 @@ def dispatch(fed: Federation, state: ServerState, rnd: Round, executor: Executor
     tasks, held = admit(fed, configured, start, batteries)
     driver = policy.open_driver(state, rnd, tasks) if tasks else None
     if driver is not None:
-        gather = lambda: [settle_all(policy, tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))]  # noqa: E731
+        gather = lambda: [
+            settle_all(policy, tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))
+        ]  # noqa: E731
     else:
         pace = None
         if cfg.clock == "emulate":
@@ -161,12 +173,26 @@ def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_tim
         if any(isinstance(r.outcome, ClientResult) for r in records):  # a broken exchange keeps the server's side
             state = d.driver.finish(state)
     state = policy.aggregate(state, rnd, accepted, add_up(g.total for g in outcomes))
-    return RoundOutcome(state, round_row(fed, state, rnd, rows, accepted, len(d.selected), d.tasks, virtual_time_s + duration, duration, waits), rows)
+    return RoundOutcome(
+        state,
+        round_row(
+            fed, state, rnd, rows, accepted, len(d.selected), d.tasks, virtual_time_s + duration, duration, waits
+        ),
+        rows,
+    )
 
 
 def round_row(
-    fed: Federation, state: ServerState, rnd: Round, rows: Sequence[dict[str, Any]], accepted: Sequence[ClientResult], num_selected: int,
-    tasks: Sequence[ClientTask], virtual_time_s: float, duration: float, waits: Sequence[float],
+    fed: Federation,
+    state: ServerState,
+    rnd: Round,
+    rows: Sequence[dict[str, Any]],
+    accepted: Sequence[ClientResult],
+    num_selected: int,
+    tasks: Sequence[ClientTask],
+    virtual_time_s: float,
+    duration: float,
+    waits: Sequence[float],
 ) -> dict[str, Any]:
     """A round's row of `metrics.parquet` before evaluation: the clock at its end, its duration,
     bytes, client counts by status, mean waiting time and training loss, the round's rate and the
@@ -181,7 +207,10 @@ def round_row(
         "bytes_down": int(sum(r.get("bytes_down", 0) for r in rows)),
         "num_clients": len(accepted),
         "num_selected": num_selected,
-        **{f"num_{status}": sum(r["status"] == status for r in rows) for status in ("failed", "rejected", "skipped", "dropped")},
+        **{
+            f"num_{status}": sum(r["status"] == status for r in rows)
+            for status in ("failed", "rejected", "skipped", "dropped")
+        },
         "energy_j": float(sum(r.get("energy_j", 0.0) for r in rows)),
         "population": fed.population.size(virtual_time_s),
         "mean_wait_s": float(np.mean(waits)) if len(waits) else 0.0,
@@ -202,6 +231,18 @@ def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
     return replace(outcome, row=row)
 
 
-def run_round(fed: Federation, state: ServerState, rnd: Round, executor: Executor, virtual_time_s: float, batteries: Batteries | None = None) -> RoundOutcome:
+def run_round(
+    fed: Federation,
+    state: ServerState,
+    rnd: Round,
+    executor: Executor,
+    virtual_time_s: float,
+    batteries: Batteries | None = None,
+) -> RoundOutcome:
     """One synchronous round, evaluated; `virtual_time_s` is the clock before it starts."""
-    return evaluate(fed, settle_round(fed, state, dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries()), virtual_time_s))
+    return evaluate(
+        fed,
+        settle_round(
+            fed, state, dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries()), virtual_time_s
+        ),
+    )

@@ -22,7 +22,15 @@ from .round import Executor, RoundOutcome, dispatch, settle_round
 
 
 class Scheduler(Protocol):
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any, batteries: Batteries) -> Iterator[RoundOutcome]:
+    def rounds(
+        self,
+        fed: Federation,
+        executor: Executor,
+        state: ServerState,
+        virtual_time_s: float,
+        pending: Any,
+        batteries: Batteries,
+    ) -> Iterator[RoundOutcome]:
         """The settled (not yet evaluated) rounds after `state`, up to `federation.rounds`, each
         with the virtual clock at its end and what to checkpoint besides the state
         (`RoundOutcome.pending`, given back as `pending` on resume; `RoundOutcome.batteries`,
@@ -35,7 +43,15 @@ class Synchronous:
     Round r + 1's tasks go out before round r is yielded, so the clients' hosts never wait for
     round r's evaluation."""
 
-    def rounds(self, fed: Federation, executor: Executor, state: ServerState, virtual_time_s: float, pending: Any, batteries: Batteries) -> Iterator[RoundOutcome]:
+    def rounds(
+        self,
+        fed: Federation,
+        executor: Executor,
+        state: ServerState,
+        virtual_time_s: float,
+        pending: Any,
+        batteries: Batteries,
+    ) -> Iterator[RoundOutcome]:
         done: RoundOutcome | None = None
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
             next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries)

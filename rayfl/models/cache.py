@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .registry import build_model
 from ..types import Weights
+from .registry import build_model
 
 
 def to_torch(weights: Weights) -> dict[str, torch.Tensor]:

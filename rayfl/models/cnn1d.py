@@ -26,7 +26,12 @@ def build_cnn1d(config: Cnn1dConfig, input_shape: tuple[int, ...], num_classes: 
     channels, length = input_shape
     layers: list[nn.Module] = []
     for _ in range(3):
-        layers += [nn.Conv1d(channels, width, 5, 2, 2), Scaler(config.scaler), make_norm(config.norm, width, 1), nn.ReLU()]
+        layers += [
+            nn.Conv1d(channels, width, 5, 2, 2),
+            Scaler(config.scaler),
+            make_norm(config.norm, width, 1),
+            nn.ReLU(),
+        ]
         channels, length = width, (length - 1) // 2 + 1
     layers += [nn.Flatten(), nn.Linear(channels * length, num_classes)]
     return nn.Sequential(*layers)

@@ -24,7 +24,14 @@ def build_cnn2(config: Cnn2Config, input_shape: tuple[int, ...], num_classes: in
     channels, h, w = input_shape
     flat = c2 * (h // 4) * (w // 4)
     return nn.Sequential(
-        nn.Conv2d(channels, c1, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
+        nn.Conv2d(channels, c1, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, num_classes),
     )

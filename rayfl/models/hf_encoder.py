@@ -35,8 +35,12 @@ Setting = tuple[str, str | int | float | bool]
 
 class HFEncoderConfig(DepthConfig):
     name: str = "hf_encoder"
-    pretrained: str | None = Field(None, description="a checkpoint directory or hub name (e.g. roberta-base); its first `depth` layers are loaded")
-    hf_config: tuple[Setting, ...] = Field(TINY_BERT, description="without `pretrained`: the encoder built from scratch, a mapping (model_type and sizes)")
+    pretrained: str | None = Field(
+        None, description="a checkpoint directory or hub name (e.g. roberta-base); its first `depth` layers are loaded"
+    )
+    hf_config: tuple[Setting, ...] = Field(
+        TINY_BERT, description="without `pretrained`: the encoder built from scratch, a mapping (model_type and sizes)"
+    )
     patch: int = Field(4, ge=1, description="values per token of a 1-D sequence")
 
     @field_validator("hf_config", mode="before")
@@ -60,7 +64,9 @@ def load_encoder(config: HFEncoderConfig) -> nn.Module:
         try:
             return AutoModel.from_pretrained(config.pretrained, num_hidden_layers=config.depth, add_pooling_layer=False)
         except OSError as exc:
-            raise ConfigError(f"model.pretrained: cannot load {config.pretrained!r} ({str(exc).splitlines()[0]})") from exc
+            raise ConfigError(
+                f"model.pretrained: cannot load {config.pretrained!r} ({str(exc).splitlines()[0]})"
+            ) from exc
     settings = {**dict(config.hf_config), "num_hidden_layers": config.depth}
     if "model_type" not in settings:
         raise ConfigError("model.hf_config: name the architecture with model_type (bert, roberta, ...)")

@@ -43,12 +43,20 @@ STRIDES = (1, 1, 1, 2, 1, 1, 2, 1, 1)
 class PreResNet20Config(ScaledConfig):
     name: str = "preresnet20"
     norm: Norm = "sbn"
-    aux_heads: str = Field("", pattern=r"^(\d+(-\d+)*)?$", description="1-based layers followed by an auxiliary classifier, e.g. 1-2-3-4-6 (m-FeDepth)")
+    aux_heads: str = Field(
+        "",
+        pattern=r"^(\d+(-\d+)*)?$",
+        description="1-based layers followed by an auxiliary classifier, e.g. 1-2-3-4-6 (m-FeDepth)",
+    )
     depth: int = Field(9, ge=1, le=9, description="layers kept (a prefix of the nine; the head follows the last)")
 
     def aux_layers(self) -> tuple[int, ...]:
         """0-based indices of the layers with an auxiliary classifier."""
-        return tuple(sorted({int(i) - 1 for i in self.aux_heads.split("-")} & set(range(self.depth - 1)))) if self.aux_heads else ()
+        return (
+            tuple(sorted({int(i) - 1 for i in self.aux_heads.split("-")} & set(range(self.depth - 1))))
+            if self.aux_heads
+            else ()
+        )
 
 
 class Stem(nn.Module):
@@ -111,7 +119,12 @@ class PreResNet20(nn.Module):
             self.shapes.append((width, *size))
         self.layers = nn.ModuleList(layers)
         self.head = Classifier(c_in, num_classes, config.norm, dims, config.scaler, relu=config.depth == len(HIDDEN))
-        self.aux = nn.ModuleDict({str(i): Classifier(self.shapes[i][0], num_classes, config.norm, dims, config.scaler, relu=False) for i in config.aux_layers()})
+        self.aux = nn.ModuleDict(
+            {
+                str(i): Classifier(self.shapes[i][0], num_classes, config.norm, dims, config.scaler, relu=False)
+                for i in config.aux_layers()
+            }
+        )
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)

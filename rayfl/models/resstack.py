@@ -51,8 +51,15 @@ class ResStack(nn.Module):
         dims = len(input_shape) - 1
         conv = {1: nn.Conv1d, 2: nn.Conv2d}[dims]
         width = scaled(config.width, config.rate)
-        self.stem = nn.Sequential(conv(input_shape[0], width, 3, padding=1), Scaler(config.scaler), make_norm(config.norm, width, dims), nn.ReLU())
-        self.layers = nn.Sequential(*(Block(conv, width, config.norm, dims, config.scaler) for _ in range(config.depth)))
+        self.stem = nn.Sequential(
+            conv(input_shape[0], width, 3, padding=1),
+            Scaler(config.scaler),
+            make_norm(config.norm, width, dims),
+            nn.ReLU(),
+        )
+        self.layers = nn.Sequential(
+            *(Block(conv, width, config.norm, dims, config.scaler) for _ in range(config.depth))
+        )
         self.head = Head(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,5 +69,7 @@ class ResStack(nn.Module):
 @register("resstack", ResStackConfig)
 def build_resstack(config: ResStackConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) not in (2, 3):
-        raise ConfigError(f"model.name: resstack needs a sequence (C, L) or an image (C, H, W), the dataset gives {input_shape}")
+        raise ConfigError(
+            f"model.name: resstack needs a sequence (C, L) or an image (C, H, W), the dataset gives {input_shape}"
+        )
     return ResStack(config, input_shape, num_classes)

@@ -28,13 +28,27 @@ def build_alexnet(config: AlexNetConfig, input_shape: tuple[int, ...], num_class
     require_input("alexnet", input_shape, 3, "image (C, H, W)")
     c, h, w = input_shape
     return nn.Sequential(
-        nn.Conv2d(c, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(64, 192, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dropout(0.5), nn.Linear(256 * (h // 8) * (w // 8), 4096), nn.ReLU(inplace=True),
-        nn.Dropout(0.5), nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, num_classes),
+        nn.Conv2d(c, 64, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 192, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(192, 384, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(384, 256, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(256, 256, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.5),
+        nn.Linear(256 * (h // 8) * (w // 8), 4096),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(4096, 4096),
+        nn.ReLU(inplace=True),
+        nn.Linear(4096, num_classes),
     )
 
 
@@ -60,8 +74,14 @@ def build_vgg16(config: Vgg16Config, input_shape: tuple[int, ...], num_classes: 
             layers += [nn.Conv2d(c, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
             c = v
     layers += [
-        nn.Flatten(), nn.Linear(c * h * w, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
-        nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(4096, num_classes),
+        nn.Flatten(),
+        nn.Linear(c * h * w, 4096),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(4096, 4096),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(4096, num_classes),
     ]
     return nn.Sequential(*layers)
 
@@ -76,10 +96,18 @@ def build_cnn_h(config: CnnHConfig, input_shape: tuple[int, ...], num_classes: i
     require_input("cnn_h", input_shape, 3, "image-like (C, H, W)")
     c = input_shape[0]
     return nn.Sequential(
-        nn.Conv2d(c, 12, 5, padding=2), nn.ReLU(inplace=True),
-        nn.Conv2d(12, 32, 5, padding=2), nn.ReLU(inplace=True),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((4, 2)),
-        nn.Flatten(), nn.Linear(64 * 4 * 2, 1024), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(1024, num_classes),
+        nn.Conv2d(c, 12, 5, padding=2),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(12, 32, 5, padding=2),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d((4, 2)),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 2, 1024),
+        nn.ReLU(inplace=True),
+        nn.Dropout(0.5),
+        nn.Linear(1024, num_classes),
     )
 
 
@@ -94,7 +122,13 @@ def build_cnn_s(config: CnnSConfig, input_shape: tuple[int, ...], num_classes: i
     c = input_shape[0]
     block = lambda i, o, k, s: [nn.Conv1d(i, o, k, s), nn.BatchNorm1d(o), nn.ReLU(inplace=True), nn.MaxPool1d(4)]  # noqa: E731
     return nn.Sequential(
-        *block(c, 32, 80, 16), *block(32, 32, 3, 1), *block(32, 64, 3, 1),
-        nn.Conv1d(64, 64, 3), nn.BatchNorm1d(64), nn.ReLU(inplace=True), nn.AdaptiveAvgPool1d(1),
-        nn.Flatten(), nn.Linear(64, num_classes),
+        *block(c, 32, 80, 16),
+        *block(32, 32, 3, 1),
+        *block(32, 64, 3, 1),
+        nn.Conv1d(64, 64, 3),
+        nn.BatchNorm1d(64),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
     )

@@ -42,20 +42,28 @@ class SupernetConfig(ModelConfig):
     name: str = "supernet"
     stem: int = Field(32, ge=1, description="stem channels")
     stem_stride: int = Field(2, ge=1)
-    widths: tuple[tuple[int, ...], ...] = Field(((32, 64), (64, 128), (128, 256), (512, 1024)), description="width choices per stage (the public code's; Table 5 gives the ranges 32-64, 64-128, 128-256, 256-1024)")
+    widths: tuple[tuple[int, ...], ...] = Field(
+        ((32, 64), (64, 128), (128, 256), (512, 1024)),
+        description="width choices per stage (the public code's; Table 5 gives the ranges 32-64, 64-128, 128-256, 256-1024)",
+    )
     depths: tuple[tuple[int, ...], ...] = Field(((1,), (1, 2), (1, 2), (1, 2)), description="depth choices per stage")
     kernels: tuple[tuple[int, ...], ...] = Field(((3, 5, 7),) * 4, description="kernel choices per stage (odd)")
     strides: tuple[int, ...] = Field((1, 2, 2, 2), description="stride of each stage's first block")
     norm: Literal["pn", "sbn", "bn", "none"] = Field("pn", description="pn: parametric normalization (FedSup Eq. 4-5)")
     dropout: float = Field(0.0, ge=0, lt=1)
-    elastic_last: bool = Field(True, description="false: sub-nets keep the last stage's largest width and kernel (the public code's off-by-one)")
+    elastic_last: bool = Field(
+        True,
+        description="false: sub-nets keep the last stage's largest width and kernel (the public code's off-by-one)",
+    )
 
     @model_validator(mode="after")
     def _stages(self) -> "SupernetConfig":
         n = len(self.widths)
         if not (len(self.depths) == len(self.kernels) == len(self.strides) == n) or n == 0:
             raise ValueError("widths, depths, kernels and strides need one entry per stage")
-        if any(k % 2 == 0 for ks in self.kernels for k in ks) or any(not c for c in (*self.widths, *self.depths, *self.kernels)):
+        if any(k % 2 == 0 for ks in self.kernels for k in ks) or any(
+            not c for c in (*self.widths, *self.depths, *self.kernels)
+        ):
             raise ValueError("every stage needs choices; kernels must be odd")
         return self
 
@@ -86,14 +94,18 @@ class Subnet:
     def config(self, supernet: SupernetConfig) -> SupernetConfig:
         """The static model of this sub-net (its state is `crop` of the supernet's)."""
         single = lambda xs: tuple((x,) for x in xs)  # noqa: E731
-        return supernet.model_copy(update={"widths": single(self.widths), "depths": single(self.depths), "kernels": single(self.kernels)})
+        return supernet.model_copy(
+            update={"widths": single(self.widths), "depths": single(self.depths), "kernels": single(self.kernels)}
+        )
 
 
 def frozen_last(config: SupernetConfig, subnet: Subnet) -> Subnet:
     """With `elastic_last: false`, the last stage at its largest width and kernel (the code's bug)."""
     if config.elastic_last:
         return subnet
-    return Subnet((*subnet.widths[:-1], max(config.widths[-1])), subnet.depths, (*subnet.kernels[:-1], max(config.kernels[-1])))
+    return Subnet(
+        (*subnet.widths[:-1], max(config.widths[-1])), subnet.depths, (*subnet.kernels[:-1], max(config.kernels[-1]))
+    )
 
 
 def largest(config: SupernetConfig) -> Subnet:
@@ -101,7 +113,9 @@ def largest(config: SupernetConfig) -> Subnet:
 
 
 def smallest(config: SupernetConfig) -> Subnet:
-    return frozen_last(config, Subnet(tuple(map(min, config.widths)), tuple(map(min, config.depths)), tuple(map(min, config.kernels))))
+    return frozen_last(
+        config, Subnet(tuple(map(min, config.widths)), tuple(map(min, config.depths)), tuple(map(min, config.kernels)))
+    )
 
 
 def medium(config: SupernetConfig) -> Subnet:
@@ -172,7 +186,14 @@ class DynamicNorm(nn.Module):
         c, bn = x.shape[1], self.bn
         stats = bn.running_mean is not None and not self.training
         return F.batch_norm(
-            x, bn.running_mean[:c] if stats else None, bn.running_var[:c] if stats else None, bn.weight[:c], bn.bias[:c], training=not stats, momentum=0.1, eps=bn.eps
+            x,
+            bn.running_mean[:c] if stats else None,
+            bn.running_var[:c] if stats else None,
+            bn.weight[:c],
+            bn.bias[:c],
+            training=not stats,
+            momentum=0.1,
+            eps=bn.eps,
         )
 
 
@@ -257,7 +278,18 @@ class Supernet(nn.Module):
         stages, c_in, prev = [], config.stem, {config.stem}
         for widths, depths, kernels, stride in zip(config.widths, config.depths, config.kernels, config.strides):
             c_out = max(widths)
-            blocks = [Block(dims, c_in if i == 0 else c_out, c_out, max(kernels), stride if i == 0 else 1, config.norm, i == 0 and len(prev | set(widths)) > 1) for i in range(max(depths))]
+            blocks = [
+                Block(
+                    dims,
+                    c_in if i == 0 else c_out,
+                    c_out,
+                    max(kernels),
+                    stride if i == 0 else 1,
+                    config.norm,
+                    i == 0 and len(prev | set(widths)) > 1,
+                )
+                for i in range(max(depths))
+            ]
             stages.append(nn.ModuleList(blocks))
             c_in, prev = c_out, set(widths)
         self.stages = nn.ModuleList(stages)

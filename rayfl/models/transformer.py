@@ -96,7 +96,9 @@ class Transformer(nn.Module):
         self.embed = nn.Linear(token_width, width)
         self.position = nn.Parameter(torch.randn(self.tokens, width) * 0.02)
         self.scaler = Scaler(config.scaler)
-        self.layers = nn.ModuleList(EncoderLayer(width, config.heads, head_width, scaled(config.ffn, config.rate)) for _ in range(config.depth))
+        self.layers = nn.ModuleList(
+            EncoderLayer(width, config.heads, head_width, scaled(config.ffn, config.rate)) for _ in range(config.depth)
+        )
         self.head = Head(width, num_classes)
 
     def enter(self, x: torch.Tensor, skip: int = 0) -> torch.Tensor:
@@ -137,4 +139,3 @@ def build_transformer(config: TransformerConfig, input_shape: tuple[int, ...], n
     if config.width % config.heads:
         raise ConfigError(f"model.heads: {config.heads} does not divide model.width {config.width}")
     return Transformer(config, input_shape, num_classes)
-

@@ -32,10 +32,20 @@ def actors_of(run_id: str, role: str) -> list:
 
     from actors import warm
 
-    own = [n["name"] for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].startswith(f"rayfl:{run_id}:{role}")]
+    own = [
+        n["name"]
+        for n in ray.util.list_named_actors(all_namespaces=True)
+        if n["name"].startswith(f"rayfl:{run_id}:{role}")
+    ]
     keeper = warm.keeper(create=False)
     leases = [] if keeper is None else ray.get(keeper.status.remote())["leased"]
-    borrowed = [name for held in leases if held["run"] == run_id for name in held["actors"] if name.rsplit(":", 1)[-1].startswith(role)]
+    borrowed = [
+        name
+        for held in leases
+        if held["run"] == run_id
+        for name in held["actors"]
+        if name.rsplit(":", 1)[-1].startswith(role)
+    ]
     return [ray.get_actor(name, namespace="rayfl") for name in own + borrowed]
 
 

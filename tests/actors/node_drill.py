@@ -34,10 +34,19 @@ def node_of(actor) -> str:
 
 def main(run_dir: Path, rounds: int) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    workers = {name: cluster.add_node(num_cpus=1, resources=res) for name, res in (("A", {"coord": 1}), ("B", {"coord": 1}), ("C", {}))}
+    workers = {
+        name: cluster.add_node(num_cpus=1, resources=res)
+        for name, res in (("A", {"coord": 1}), ("B", {"coord": 1}), ("C", {}))
+    }
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-    overrides = [f"federation.rounds={rounds}", "federation.checkpoint_every=1", "model.name=mlp", "clock=emulate", "clock_scale=0.01"]
+    overrides = [
+        f"federation.rounds={rounds}",
+        "federation.checkpoint_every=1",
+        "model.name=mlp",
+        "clock=emulate",
+        "clock_scale=0.01",
+    ]
     cfg = load_config(None, [*overrides, "ray.num_actors=2", "ray.coordinator_node=coord", "ray.actor_timeout_s=120"])
     killed = []
 
@@ -54,7 +63,9 @@ def main(run_dir: Path, rounds: int) -> None:
         return next((n, w) for n, w in workers.items() if w.node_id == where)
 
     def client_node():
-        hosts = {node_of(a) for a in actors_of(run_dir.name, "client")} - {node_of(actors_of(run_dir.name, "coordinator")[0])}
+        hosts = {node_of(a) for a in actors_of(run_dir.name, "client")} - {
+            node_of(actors_of(run_dir.name, "coordinator")[0])
+        }
         return next((n, w) for n, w in workers.items() if w.node_id in hosts and n not in killed)
 
     def drill() -> None:

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from actors.pool import PoolLost, RayExecutor
-from tests.actors.drills import actors_of, checkpoint_of, once_written
 from rayfl import api
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
 from rayfl.loader import load_config
 from rayfl.runner import run_local
+from tests.actors.drills import actors_of, checkpoint_of, once_written
 
 pytestmark = [pytest.mark.ray, pytest.mark.faults]
 
@@ -105,7 +105,10 @@ def rounds_run_again(notes):
 
 
 def test_a_split_round_whose_actor_dies_runs_its_exchange_again_and_equals_the_undisturbed_run(ray_cluster, tmp_path):
-    cfg = load_config(None, ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=4", "federation.clients_per_round=3", *SLOW[1:]])
+    cfg = load_config(
+        None,
+        ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=4", "federation.clients_per_round=3", *SLOW[1:]],
+    )
     reference = undisturbed(cfg, tmp_path / "reference")
     run_dir = tmp_path / "split"
     notes = []
@@ -199,7 +202,9 @@ def test_a_group_lost_three_times_fails_its_clients_under_the_failed_fraction(fl
 def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     executor, groups, notes = flaky(doomed=[0, 2], deaths=3)  # 4 of 6 lost on the first run, then they pass
     assert executor.submit(groups)() == [[0, 1], [2, 3], [4, 5]]
-    assert rounds_run_again(notes) == ["round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): running them again"]
+    assert rounds_run_again(notes) == [
+        "round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): running them again"
+    ]
     executor, groups, notes = flaky(doomed=[4], deaths=99)
     executor.max_failed_fraction = 0.1
     with pytest.raises(PoolLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
@@ -214,10 +219,20 @@ def test_losing_the_coordinators_node_then_a_clients_node_equals_the_undisturbed
     import sys
 
     run_dir = tmp_path / "nodes"
-    done = subprocess.run([sys.executable, "-m", "tests.actors.node_drill", str(run_dir), "10"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.actors.node_drill", str(run_dir), "10"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["rounds"] == 10 and len(report["killed"]) == 2 and report["killed"][0] in ("A", "B") and report["killed"][1] != report["killed"][0]
+    assert (
+        report["rounds"] == 10
+        and len(report["killed"]) == 2
+        and report["killed"][0] in ("A", "B")
+        and report["killed"][1] != report["killed"][0]
+    )
     cfg = load_config(None, ["federation.rounds=10", "model.name=mlp"])
     assert_same_rounds(metrics_of(run_dir), undisturbed(cfg, tmp_path / "reference"))
 

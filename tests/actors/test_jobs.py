@@ -45,12 +45,28 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
     env.pop("RAY_ADDRESS", None)
     dash, client_port, gcs_port = free_port(), free_port(), free_port()
     cmd = [
-        "ray", "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dash}",
-        "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
+        "ray",
+        "start",
+        "--head",
+        "--block",
+        f"--port={gcs_port}",
+        f"--dashboard-port={dash}",
+        "--dashboard-host=127.0.0.1",
+        "--num-cpus=2",
+        "--disable-usage-stats",
         # The agents' ports too: a cluster's agents linger about 60 s after it stops (the node drill's,
         # just before), and an agent that cannot bind Ray's default port leaves the head without one.
-        *(f"--{flag}={free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")),
-        f"--temp-dir={temp_dir}", f"--ray-client-server-port={client_port}",
+        *(
+            f"--{flag}={free_port()}"
+            for flag in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "runtime-env-agent-port",
+                "metrics-export-port",
+            )
+        ),
+        f"--temp-dir={temp_dir}",
+        f"--ray-client-server-port={client_port}",
     ]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{dash}"
@@ -90,9 +106,27 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
 
     run_dir = tmp_path / "job-run"
     out = subprocess.run(
-        [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--out", str(run_dir),
-         "--set", "federation.rounds=2", "--set", "model.name=mlp", "--set", "ray.num_actors=2"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "submit",
+            "--address",
+            url,
+            "--wait",
+            "--out",
+            str(run_dir),
+            "--set",
+            "federation.rounds=2",
+            "--set",
+            "model.name=mlp",
+            "--set",
+            "ray.num_actors=2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = out.stdout.splitlines()[0].strip()
@@ -104,21 +138,50 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
 
     jobs = {j["submission_id"]: j for j in get(f"{url}/api/jobs/", token)}
     assert jobs[job_id]["status"] == "SUCCEEDED"
-    assert jobs[job_id]["metadata"] == {"algorithm": "fedavg", "dataset": "digits", "run_id": job_id, "out": str(run_dir)}
+    assert jobs[job_id]["metadata"] == {
+        "algorithm": "fedavg",
+        "dataset": "digits",
+        "run_id": job_id,
+        "out": str(run_dir),
+    }
     assert jobs[job_id]["entrypoint"].startswith("python -m rayfl run --config-env RAYFL_CONFIG")
     assert get(f"{url}/api/jobs/{job_id}", token)["status"] == "SUCCEEDED"
 
     # The job's actors outlive it, warm in the cluster's pool for the next run (actors/warm.py).
     actors = get(f"{url}/api/v0/actors?limit=200", token)["data"]["result"]["result"]
-    alive = sorted((a["name"].rsplit("-", 1)[0], a["class_name"]) for a in actors if a["state"] == "ALIVE" and a["name"].startswith("rayfl:pool"))
-    assert alive == [("rayfl:pool", "Keeper"), ("rayfl:pool:client", "ClientActor"), ("rayfl:pool:client", "ClientActor"), ("rayfl:pool:coordinator", "Coordinator")]
+    alive = sorted(
+        (a["name"].rsplit("-", 1)[0], a["class_name"])
+        for a in actors
+        if a["state"] == "ALIVE" and a["name"].startswith("rayfl:pool")
+    )
+    assert alive == [
+        ("rayfl:pool", "Keeper"),
+        ("rayfl:pool:client", "ClientActor"),
+        ("rayfl:pool:client", "ClientActor"),
+        ("rayfl:pool:coordinator", "Coordinator"),
+    ]
 
 
 def test_a_failing_job_returns_non_zero(head_node, tmp_path):
     url, token, env, _, _ = head_node
     out = subprocess.run(
-        [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--set", "data.name=cifar10", "--set", f"data.data_dir={tmp_path}"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "submit",
+            "--address",
+            url,
+            "--wait",
+            "--set",
+            "data.name=cifar10",
+            "--set",
+            f"data.data_dir={tmp_path}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     # The job's run finds no CIFAR-10 under data_dir: the job fails and --wait says so.
     assert out.returncode == 1
@@ -128,9 +191,28 @@ def test_a_failing_job_returns_non_zero(head_node, tmp_path):
 def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, tmp_path):
     url, token, env, client_port, _ = head_node
     out = subprocess.run(
-        [sys.executable, "-m", "rayfl", "submit", "--address", url, "--wait", "--fetch", "--to", str(tmp_path / "here"),
-         "--set", "federation.rounds=1", "--set", "model.name=mlp", "--set", "ray.num_actors=1"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "submit",
+            "--address",
+            url,
+            "--wait",
+            "--fetch",
+            "--to",
+            str(tmp_path / "here"),
+            "--set",
+            "federation.rounds=1",
+            "--set",
+            "model.name=mlp",
+            "--set",
+            "ray.num_actors=1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = out.stdout.splitlines()[0].strip()
@@ -152,9 +234,29 @@ def test_ray_job_submit_as_the_readme_shows_it(head_node, tmp_path):
     url, token, env, _, _ = head_node
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
-        ["ray", "job", "submit", "--address", url, "--working-dir", ".", "--",
-         "rayfl", "run", "--set", "federation.rounds=1", "--set", "model.name=mlp", "--set", "ray.num_actors=1"],
-        env=env, capture_output=True, text=True, timeout=300, cwd=repo,
+        [
+            "ray",
+            "job",
+            "submit",
+            "--address",
+            url,
+            "--working-dir",
+            ".",
+            "--",
+            "rayfl",
+            "run",
+            "--set",
+            "federation.rounds=1",
+            "--set",
+            "model.name=mlp",
+            "--set",
+            "ray.num_actors=1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     job_id = re.search(r"Job '(\S+)' succeeded", out.stdout + out.stderr).group(1)
@@ -165,12 +267,30 @@ def test_joining_the_token_head_without_its_token_says_how_to_pass_it(head_node,
     url, token, env, _, gcs_port = head_node
     bare = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(tmp_path)}  # no token anywhere
     address = f"127.0.0.1:{gcs_port}"
-    run = [sys.executable, "-m", "rayfl", "run", "--address", address, "--set", "federation.rounds=1", "--set", "model.name=mlp"]
+    run = [
+        sys.executable,
+        "-m",
+        "rayfl",
+        "run",
+        "--address",
+        address,
+        "--set",
+        "federation.rounds=1",
+        "--set",
+        "model.name=mlp",
+    ]
     done = subprocess.run(run, env=bare, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.splitlines() == [
         f"rayfl: error: --address {address}: the cluster uses token authentication and this process has no valid token: "
         "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
-    done = subprocess.run([*run, "--out", "run"], env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*run, "--out", "run"],
+        env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "final test accuracy" in done.stdout, done.stderr[-2000:]

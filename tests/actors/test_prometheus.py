@@ -83,12 +83,26 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_TMPDIR=str(base), RAY_metrics_report_interval_ms="1000")
     # deadline rounds carrying late updates: the staleness series and late clients are exported too
-    sets = ["data.num_clients=20", "federation.clients_per_round=4", "model.name=mlp", "federation.rounds=5000", "federation.checkpoint_every=0"]
+    sets = [
+        "data.num_clients=20",
+        "federation.clients_per_round=4",
+        "model.name=mlp",
+        "federation.rounds=5000",
+        "federation.checkpoint_every=0",
+    ]
     sets += ["federation.mode=deadline", "federation.deadline.over_selection=0.5", "federation.deadline.late=carry"]
     sets += ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "metrics.tensorboard=false"]
-    prom_log, run_log = open(tmp_path / "prometheus.log", "w"), open(tmp_path / "run.err", "w")  # files: a full pipe would block
+    prom_log, run_log = (
+        open(tmp_path / "prometheus.log", "w"),
+        open(tmp_path / "run.err", "w"),
+    )  # files: a full pipe would block
     prom = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={base / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={base / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
         stdout=prom_log,
         stderr=subprocess.STDOUT,
     )
@@ -111,11 +125,17 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
                 names = p.names(run_id)
             except OSError:  # Prometheus still starting
                 pass
-            if names >= SERIES and p.query(f'count_over_time(ray_rayfl_round{{run_id="{run_id}"}}[1m]) >= 5'):  # 5 scrapes
+            if names >= SERIES and p.query(
+                f'count_over_time(ray_rayfl_round{{run_id="{run_id}"}}[1m]) >= 5'
+            ):  # 5 scrapes
                 break
             time.sleep(1)
-        assert run.poll() is None, f"the run ended before Prometheus saw it: {(tmp_path / 'run.err').read_text()[-2000:]}"
-        assert SERIES - names == set(), f"series Prometheus never saw: {sorted(SERIES - names)} ({(tmp_path / 'prometheus.log').read_text()[-1000:]})"
+        assert run.poll() is None, (
+            f"the run ended before Prometheus saw it: {(tmp_path / 'run.err').read_text()[-2000:]}"
+        )
+        assert SERIES - names == set(), (
+            f"series Prometheus never saw: {sorted(SERIES - names)} ({(tmp_path / 'prometheus.log').read_text()[-1000:]})"
+        )
 
         def values(promql: str) -> list[float]:
             result = p.query(promql)
@@ -142,7 +162,11 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
         assert set(values(f"ray_rayfl_actors_alive{{{selector}}}[1m]")) == {2.0}
         # 6 selected a round, closed at the 4th update: 4 fresh updates a round counted `ok`, and
         # the carried ones; the other 2 counted `late`, once per finished round.
-        per_round = lambda status: float(p.query(f'ray_rayfl_clients_total{{{selector}, status="{status}"}} / ignoring(status) ray_rayfl_round{{{selector}}}')[0]["value"][1])  # noqa: E731
+        per_round = lambda status: float(
+            p.query(
+                f'ray_rayfl_clients_total{{{selector}, status="{status}"}} / ignoring(status) ray_rayfl_round{{{selector}}}'
+            )[0]["value"][1]
+        )  # noqa: E731
         assert 4 - 0.5 <= per_round("ok") <= 6 + 0.5 and per_round("late") == pytest.approx(2, abs=0.5)
         assert all(0 <= s for s in values(f"ray_rayfl_mean_staleness{{{selector}}}[1m]"))
     finally:
@@ -175,7 +199,10 @@ def dashboard_panels() -> dict[str, list[str]]:
 
 
 def test_every_grafana_panel_charts_series_the_coordinator_exports():
-    panels = {title: {m for e in exprs for m in re.findall(r"\bray_rayfl_\w+", e)} for title, exprs in dashboard_panels().items()}
+    panels = {
+        title: {m for e in exprs for m in re.findall(r"\bray_rayfl_\w+", e)}
+        for title, exprs in dashboard_panels().items()
+    }
     assert len(panels) >= 8
     for title, names in panels.items():
         assert names and names <= SERIES, f"{title}: {sorted(names - SERIES) or 'no rayfl series'}"

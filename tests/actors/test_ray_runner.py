@@ -41,7 +41,17 @@ def test_ray_metrics_equal_the_in_process_runner(ray_cluster, reference, tmp_pat
 
 def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     # clock: emulate makes every task last about 0.3-1 s of wall time, so the kill lands mid-round.
-    cfg = load_config(None, ["federation.rounds=4", "federation.clients_per_round=4", "model.name=mlp", "clock=emulate", "clock_scale=0.02", "ray.num_actors=2"])
+    cfg = load_config(
+        None,
+        [
+            "federation.rounds=4",
+            "federation.clients_per_round=4",
+            "model.name=mlp",
+            "clock=emulate",
+            "clock_scale=0.02",
+            "ray.num_actors=2",
+        ],
+    )
     reference = tmp_path / "reference"
     run_local(cfg.model_copy(update={"clock": "virtual"}), reference)
     run_dir = tmp_path / "ray"
@@ -60,7 +70,10 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     assert (clients["status"] == "ok").all()
     # The retried task re-ran from the same seeds: the results equal an undisturbed run.
     ref_metrics, _ = tables(reference)
-    pd.testing.assert_frame_equal(metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]), ref_metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]))
+    pd.testing.assert_frame_equal(
+        metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]),
+        ref_metrics.drop(columns=["virtual_time_s", "round_time_s", "mean_wait_s"]),
+    )
     assert metrics["virtual_time_s"].tolist() == pytest.approx(ref_metrics["virtual_time_s"].tolist())
 
 
@@ -81,18 +94,54 @@ FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
         # InclusiveFL: depth groups with their own heads, per-group FedAdam and momenta.
         ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
         # m-FeDepth: depth-wise stages with auxiliary heads, cached prefixes, MKD peers kept per client.
-        ["algorithm.name=mfedepth", "devices.profile=fedepth_surplus", "federation.batch_size=128", "federation.rounds=2"],
+        [
+            "algorithm.name=mfedepth",
+            "devices.profile=fedepth_surplus",
+            "federation.batch_size=128",
+            "federation.rounds=2",
+        ],
         # SplitMix: each client's share of the base networks; DepthFL: prefixes with FedDyn state per client.
         ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2"],
-        ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2", "model.aux_heads=1-2-3-4-6"],
+        [
+            "algorithm.name=depthfl",
+            "devices.profile=fedepth_fair",
+            "federation.batch_size=128",
+            "federation.rounds=2",
+            "model.aux_heads=1-2-3-4-6",
+        ],
         # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants mixed on an actor).
         ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
         ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
         # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's
         # models); Per-FedAvg's meta-steps; the personalization metrics (Ditto's) from both runners alike.
-        *([f"algorithm.name={a}", "federation.rounds=2", "data.partition.kind=shards", f"federation.personalize_epochs={int(a == 'ditto')}", "data.num_clients=10", "federation.clients_per_round=4"] for a in ("ditto", "lgfedavg", "localonly", "perfedavg")),
+        *(
+            [
+                f"algorithm.name={a}",
+                "federation.rounds=2",
+                "data.partition.kind=shards",
+                f"federation.personalize_epochs={int(a == 'ditto')}",
+                "data.num_clients=10",
+                "federation.clients_per_round=4",
+            ]
+            for a in ("ditto", "lgfedavg", "localonly", "perfedavg")
+        ),
     ],
-    ids=["1e9-clients", "heterofl", "sfl", "mergesfl", "inclusivefl", "mfedepth", "splitmix", "depthfl", "fedsup", "efedsup", "ditto", "lgfedavg", "localonly", "perfedavg"],
+    ids=[
+        "1e9-clients",
+        "heterofl",
+        "sfl",
+        "mergesfl",
+        "inclusivefl",
+        "mfedepth",
+        "splitmix",
+        "depthfl",
+        "fedsup",
+        "efedsup",
+        "ditto",
+        "lgfedavg",
+        "localonly",
+        "perfedavg",
+    ],
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)
@@ -131,13 +180,29 @@ def test_actors_that_never_fit_exit_2_at_once(tmp_path):
 
     start = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "rayfl", "run", "--set", "ray.num_actors=3", "--set", f"ray.cpus_per_actor={os.cpu_count()}",
-         "--set", "ray.dashboard=false", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "run",
+            "--set",
+            "ray.num_actors=3",
+            "--set",
+            f"ray.cpus_per_actor={os.cpu_count()}",
+            "--set",
+            "ray.dashboard=false",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: ray.num_actors: 3 client actors x {os.cpu_count()} CPU need"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rayfl: error: ray.num_actors: 3 client actors x {os.cpu_count()} CPU need"
+    ), lines
     assert time.time() - start < 60 and not (tmp_path / "run").exists()
 
 
@@ -150,9 +215,13 @@ def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
     cfg = load_config(None, ["ray.cpus_per_actor=1", "model.name=mlp"])
     # An autoscaling cluster that can grow to 4 CPUs fits 3 actors of 1 CPU, not 5.
     check_fits(cfg, 3, {"CPU": 2.0}, {"CPU": 4})
-    with pytest.raises(ConfigError, match=r"^ray.num_actors: 5 client actors x 1 CPU need 5 CPU; the cluster has 4 even at its largest"):
+    with pytest.raises(
+        ConfigError, match=r"^ray.num_actors: 5 client actors x 1 CPU need 5 CPU; the cluster has 4 even at its largest"
+    ):
         check_fits(cfg, 5, {"CPU": 2.0}, {"CPU": 4})
-    actors = create_client_actors(cfg, [f"pending-test-{k}" for k in range(3)], pooled=False)  # 3 CPUs on a 2-CPU cluster
+    actors = create_client_actors(
+        cfg, [f"pending-test-{k}" for k in range(3)], pooled=False
+    )  # 3 CPUs on a 2-CPU cluster
     notes = []
     try:
         up, _ = ray_cluster.wait([a.info.remote() for a in actors], num_returns=2, timeout=120)
@@ -189,7 +258,17 @@ def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster
 
 
 def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_cluster, tmp_path):
-    cfg = load_config(None, ["federation.rounds=6", "federation.checkpoint_every=1", "model.name=mlp", "clock=emulate", "clock_scale=0.05", "ray.num_actors=1"])
+    cfg = load_config(
+        None,
+        [
+            "federation.rounds=6",
+            "federation.checkpoint_every=1",
+            "model.name=mlp",
+            "clock=emulate",
+            "clock_scale=0.05",
+            "ray.num_actors=1",
+        ],
+    )
     run_dir = tmp_path / "run"
 
     def kill_the_coordinator():  # for good
@@ -214,10 +293,22 @@ TIMED = {
     "fedbuff": ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
     "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.async.concurrency=4"],
     # HeteroFL's count aggregation over FedBuff's buffer of width sub-models
-    "heterofl-fedbuff": ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
+    "heterofl-fedbuff": [
+        "algorithm.name=heterofl",
+        "algorithm.levels=a1-c1-e1",
+        "model.norm=sbn",
+        "federation.mode=async",
+        "federation.async.concurrency=6",
+        "federation.async.buffer_size=3",
+    ],
     # devices that come and go: diurnal sessions of 2 minutes, batteries, arrivals and departures
     "sync-devices": DEVICES,
-    "fedbuff-devices": [*DEVICES, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
+    "fedbuff-devices": [
+        *DEVICES,
+        "federation.mode=async",
+        "federation.async.concurrency=6",
+        "federation.async.buffer_size=3",
+    ],
 }
 
 
@@ -241,11 +332,16 @@ def timed_reference(tmp_path_factory):
 # actors take 2 clients a call (in process 5): outside sync rounds updates come back whole.
 @pytest.mark.parametrize(
     "name, actors, cpus",
-    [*((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))), *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices"))],
+    [
+        *((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))),
+        *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices")),
+    ],
 )
 def test_deadline_and_async_runs_on_ray_equal_in_process(ray_cluster, timed_reference, tmp_path, name, actors, cpus):
     cfg, (metrics, clients) = timed_reference(name)
-    cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"num_actors": actors, "cpus_per_actor": cpus, "clients_per_call": 2})})
+    cfg = cfg.model_copy(
+        update={"ray": cfg.ray.model_copy(update={"num_actors": actors, "cpus_per_actor": cpus, "clients_per_call": 2})}
+    )
     api.run(cfg, tmp_path)
     for a, b in zip((metrics, clients), tables(tmp_path)):
         pd.testing.assert_frame_equal(b, a)

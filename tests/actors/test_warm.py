@@ -51,26 +51,64 @@ def test_runs_after_a_diverging_run_and_after_another_algorithm_equal_the_fresh_
     api.run(cfg, tmp_path / "after_diverged")
     assert_equals_fresh(fresh, tmp_path / "after_diverged")
     # Split learning: sessions on the actors, another model and dataset shape of batches.
-    api.run(load_config(None, ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3", "ray.num_actors=2"]), tmp_path / "sfl")
+    api.run(
+        load_config(
+            None,
+            [
+                "algorithm.name=sfl",
+                "model.name=cnn2",
+                "federation.rounds=2",
+                "federation.clients_per_round=3",
+                "ray.num_actors=2",
+            ],
+        ),
+        tmp_path / "sfl",
+    )
     api.run(cfg, tmp_path / "after_sfl")
     assert_equals_fresh(fresh, tmp_path / "after_sfl")
     assert idle_names(ray_cluster) == fresh[1]  # the same actors served every run
     clients = [ray_cluster.get_actor(name, namespace="rayfl") for name in fresh[1] if ":client-" in name]
-    assert [ray_cluster.get(a.info.remote())["hosted"] for a in clients] == [None, None]  # handed back holding no federation
+    assert [ray_cluster.get(a.info.remote())["hosted"] for a in clients] == [
+        None,
+        None,
+    ]  # handed back holding no federation
 
 
 def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(ray_cluster, fresh, tmp_path):
     killed = tmp_path / "killed"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "rayfl", "run", "--address", ray_cluster.get_runtime_context().gcs_address, "--out", str(killed),
-         "--set", "federation.rounds=40", "--set", "federation.checkpoint_every=1", "--set", "clock=emulate", "--set", "clock_scale=0.02", "--set", "ray.num_actors=2"],
-        env={**os.environ, "RAY_AUTH_MODE": "token"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "run",
+            "--address",
+            ray_cluster.get_runtime_context().gcs_address,
+            "--out",
+            str(killed),
+            "--set",
+            "federation.rounds=40",
+            "--set",
+            "federation.checkpoint_every=1",
+            "--set",
+            "clock=emulate",
+            "--set",
+            "clock_scale=0.02",
+            "--set",
+            "ray.num_actors=2",
+        ],
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     deadline = time.time() + 180
     while not checkpoint_of(killed, 2).exists() and driver.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert driver.poll() is None, driver.stderr.read().decode()[-2000:]
-    assert sorted(name for held in pool(ray_cluster)["leased"] for name in held["actors"]) == fresh[1]  # it borrowed the warm actors
+    assert (
+        sorted(name for held in pool(ray_cluster)["leased"] for name in held["actors"]) == fresh[1]
+    )  # it borrowed the warm actors
     os.killpg(driver.pid, signal.SIGKILL)  # no hand-back: its coordinator runs on, detached, until told to stop
     driver.wait()
     api.run(load_config(None, REFERENCE), tmp_path / "after_killed")
@@ -78,7 +116,9 @@ def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(
     assert idle_names(ray_cluster) == fresh[1] and pool(ray_cluster)["leased"] == []
     stopped = len(pd.read_parquet(killed / "metrics.parquet"))
     time.sleep(2.0)
-    assert stopped < 40 and len(pd.read_parquet(killed / "metrics.parquet")) == stopped  # the orphaned run was abandoned
+    assert (
+        stopped < 40 and len(pd.read_parquet(killed / "metrics.parquet")) == stopped
+    )  # the orphaned run was abandoned
 
 
 def test_idle_actors_leave_after_the_idle_time_and_drain_empties_the_pool(ray_cluster, tmp_path):
@@ -106,23 +146,31 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
     monkeypatch.setattr(warm, "_DIGEST", ["0123456789ab"])
     after = warm.kinds(1.0, 0.0, "head", 3)
     assert before != after and all("0123456789ab" in kind for kind in after)
-    assert warm.kinds(0.5, 0.0, "head", 3)[1] != after[1] and warm.kinds(1.0, 0.25, "head", 3)[1] != after[1]  # resources and device key them too
+    assert (
+        warm.kinds(0.5, 0.0, "head", 3)[1] != after[1] and warm.kinds(1.0, 0.25, "head", 3)[1] != after[1]
+    )  # resources and device key them too
 
 
 def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path / "home")}  # its own ~/rayfl/head.json and token
     env.pop("RAY_ADDRESS", None)
-    rayfl = lambda *args: subprocess.run([sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    rayfl = lambda *args: subprocess.run(
+        [sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300
+    )  # noqa: E731
     up = rayfl("up", "--num-cpus", "2")
     assert up.returncode == 0 and "a local Ray head is up at 127.0.0.1:" in up.stdout, up.stderr
     record = __import__("json").loads((tmp_path / "home" / "rayfl" / "head.json").read_text())
     try:
         for name in ("first", "second"):
-            run = rayfl("run", "--set", "federation.rounds=1", "--set", "ray.num_actors=2", "--out", str(tmp_path / name))
+            run = rayfl(
+                "run", "--set", "federation.rounds=1", "--set", "ray.num_actors=2", "--out", str(tmp_path / name)
+            )
             assert run.returncode == 0, run.stderr[-2000:]
         status = rayfl("pool", "status")
         lines = status.stdout.splitlines()
-        assert lines[0] == "3 idle, 0 leased" and sum("rayfl:pool:client-" in line for line in lines) == 2, status.stdout
+        assert lines[0] == "3 idle, 0 leased" and sum("rayfl:pool:client-" in line for line in lines) == 2, (
+            status.stdout
+        )
         pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
     finally:
         down = rayfl("down")

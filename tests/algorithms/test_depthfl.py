@@ -29,7 +29,12 @@ from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
-FAIR = ["algorithm.name=depthfl", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=4"]
+FAIR = [
+    "algorithm.name=depthfl",
+    "devices.profile=fedepth_fair",
+    "data.num_clients=8",
+    "federation.clients_per_round=4",
+]
 
 
 def federation(*extra):
@@ -38,7 +43,9 @@ def federation(*extra):
 
 def initial(policy, ctx, value=None):
     model = build_model(policy.global_model(), ctx.input_shape, ctx.num_classes)
-    return {k: v.numpy() if value is None else np.full(v.shape, value, np.float32) for k, v in model.state_dict().items()}
+    return {
+        k: v.numpy() if value is None else np.full(v.shape, value, np.float32) for k, v in model.state_dict().items()
+    }
 
 
 # --------------------------------------------------------------------------- depth from budget
@@ -56,7 +63,9 @@ def test_depths_under_fair_budgets_and_who_is_selected():
     fed = federation()
     policy, ctx = fed.policy, fed.context
     cfg = fed.config
-    need = lambda d: ctx.cost_of(cfg.model.model_copy(update={"depth": d})).training_memory(cfg.federation.batch_size, 0)  # noqa: E731
+    need = lambda d: ctx.cost_of(cfg.model.model_copy(update={"depth": d})).training_memory(
+        cfg.federation.batch_size, 0
+    )  # noqa: E731
     assert policy.exits == (2, 5, 8) and policy.global_model().aux_heads == "3-6"
     assert fitting_depth([3, 6, 9], need, (need(3) + need(6)) / 2) == 3
     budgets = ctx.memory_bytes
@@ -80,7 +89,11 @@ def np_softmax(z):
 
 
 def test_self_distillation_loss_on_hand_logits():
-    z = [np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]]), np.array([[1.0, 1.0, 0.0], [0.0, 2.0, 1.0]]), np.array([[0.0, 3.0, 0.0], [1.0, 0.0, 2.0]])]
+    z = [
+        np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]]),
+        np.array([[1.0, 1.0, 0.0], [0.0, 2.0, 1.0]]),
+        np.array([[0.0, 3.0, 0.0], [1.0, 0.0, 2.0]]),
+    ]
     y = np.array([0, 2])
     w = 0.4
 
@@ -95,8 +108,12 @@ def test_self_distillation_loss_on_hand_logits():
     logits = [torch.tensor(a, requires_grad=True) for a in z]
     loss = self_distillation_loss(logits, torch.tensor(y), w)
     assert float(loss.detach()) == pytest.approx(expect, rel=1e-6)
-    assert float(self_distillation_loss(logits, torch.tensor(y), 0.0).detach()) == pytest.approx(sum(ce(a) for a in z), rel=1e-6)
-    assert float(self_distillation_loss(logits[:1], torch.tensor(y), w).detach()) == pytest.approx(ce(z[0]), rel=1e-6)  # K = 1: CE alone
+    assert float(self_distillation_loss(logits, torch.tensor(y), 0.0).detach()) == pytest.approx(
+        sum(ce(a) for a in z), rel=1e-6
+    )
+    assert float(self_distillation_loss(logits[:1], torch.tensor(y), w).detach()) == pytest.approx(
+        ce(z[0]), rel=1e-6
+    )  # K = 1: CE alone
     # Targets are detached: with two exits, z_1's gradient is its CE's, (p_1 - onehot) / N, plus
     # w d KL(p_2 || p_1) / d z_1 = w (p_1 sum(p_2) - p_2) / N (p_2 with its 1e-7), and nothing of
     # KL(p_1 || p_2), where z_1 is the target.
@@ -105,7 +122,9 @@ def test_self_distillation_loss_on_hand_logits():
     self_distillation_loss([a, b], torch.tensor(y), w).backward()
     p1, p2 = np_softmax(z[0]), np_softmax(z[1]) + 1e-7
     onehot = np.eye(3)[y]
-    np.testing.assert_allclose(a.grad.numpy(), (p1 - onehot) / 2 + w * (p1 * p2.sum(1, keepdims=True) - p2) / 2, rtol=1e-5)
+    np.testing.assert_allclose(
+        a.grad.numpy(), (p1 - onehot) / 2 + w * (p1 * p2.sum(1, keepdims=True) - p2) / 2, rtol=1e-5
+    )
 
 
 def test_rampup_values():
@@ -147,7 +166,10 @@ def test_the_prefix_head_is_the_global_auxiliary_classifier():
             local.load_state_dict({k: torch.tensor(v) for k, v in policy.prefix(weights, depth).items()})
             for a, b in zip(exit_logits(local, x), full[:n]):
                 torch.testing.assert_close(a, b)
-    assert global_name("head.linear.bias", 3, 9) == "aux.2.linear.bias" and global_name("head.linear.bias", 9, 9) == "head.linear.bias"
+    assert (
+        global_name("head.linear.bias", 3, 9) == "aux.2.linear.bias"
+        and global_name("head.linear.bias", 9, 9) == "head.linear.bias"
+    )
 
 
 # --------------------------------------------------------------------------- FedDyn
@@ -161,16 +183,31 @@ def test_feddyn_client_penalty_gradient_and_state_update():
     # -<theta, g> + alpha/2 ||theta - glob||^2 = -(0.3 + 0.2) + 0.05 (0.25 + 4)
     assert float(pen.detach()) == pytest.approx(-0.5 + 0.05 * 4.25)
     pen.backward()
-    np.testing.assert_allclose(theta.grad.numpy(), [-0.3 + 0.1 * 0.5, 0.1 + 0.1 * -2.0], rtol=1e-6)  # -g + alpha (theta - glob)
+    np.testing.assert_allclose(
+        theta.grad.numpy(), [-0.3 + 0.1 * 0.5, 0.1 + 0.1 * -2.0], rtol=1e-6
+    )  # -g + alpha (theta - glob)
     # grad_prev <- grad_prev - alpha (theta - theta_glob)
-    out = dyn_state_update({"w": np.array([0.3, -0.1])}, {"w": np.array([1.0, -2.0]), "buf": np.array([9.0])}, {"w": np.array([0.5, 0.0])}, alpha)
+    out = dyn_state_update(
+        {"w": np.array([0.3, -0.1])},
+        {"w": np.array([1.0, -2.0]), "buf": np.array([9.0])},
+        {"w": np.array([0.5, 0.0])},
+        alpha,
+    )
     assert list(out) == ["w"]
     np.testing.assert_allclose(out["w"], [0.3 - 0.1 * 0.5, -0.1 - 0.1 * -2.0])
 
 
 def test_feddyn_server_step_on_hand_tensors():
-    old = {"w": np.array([1.0, 2.0], np.float32), "bn.mean": np.array([0.0], np.float32), "far": np.array([7.0], np.float32)}
-    mean = {"w": np.array([3.0, 2.0], np.float32), "bn.mean": np.array([0.4], np.float32), "far": np.array([7.0], np.float32)}
+    old = {
+        "w": np.array([1.0, 2.0], np.float32),
+        "bn.mean": np.array([0.0], np.float32),
+        "far": np.array([7.0], np.float32),
+    }
+    mean = {
+        "w": np.array([3.0, 2.0], np.float32),
+        "bn.mean": np.array([0.4], np.float32),
+        "far": np.array([7.0], np.float32),
+    }
     h = {"w": np.array([0.5, 0.0]), "far": np.array([0.2])}
     theta, h_new = feddyn_server(old, mean, {"w": 2.0, "bn.mean": 2.0}, h, alpha=0.1, num_clients=10)
     # h <- h - alpha (n / N)(mean - old) = [0.5 - 0.02 * 2, 0 - 0.02 * 0]; theta = mean - h / alpha.
@@ -192,7 +229,14 @@ def test_layerwise_mean_over_holders_and_kept_state():
 
     def result(c, value):
         (task,) = policy.configure(state, 1, [c])
-        return ClientResult(client_id=c, round=1, weights={k: np.full_like(v, value) for k, v in task.weights.items()}, num_examples=50, num_samples=50, train_loss=0.0)
+        return ClientResult(
+            client_id=c,
+            round=1,
+            weights={k: np.full_like(v, value) for k, v in task.weights.items()},
+            num_examples=50,
+            num_samples=50,
+            train_loss=0.0,
+        )
 
     def values(st, prefix):
         return sorted({float(v) for k, a in st.weights.items() if k.startswith(prefix) for v in np.ravel(a)})
@@ -200,10 +244,14 @@ def test_layerwise_mean_over_holders_and_kept_state():
     new = aggregated(policy, state, 1, [result(shallow, 1.0), result(deep, 3.0)])
     assert values(new, "stem.") == [2.0] and values(new, "layers.2.") == [2.0]  # both hold them: (1 + 3) / 2
     assert values(new, "aux.2.") == [2.0]  # the shallow client's head is aux.2
-    assert values(new, "layers.3.") == [3.0] and values(new, "aux.5.") == [3.0] and values(new, "head.") == [3.0]  # the deep one alone
+    assert (
+        values(new, "layers.3.") == [3.0] and values(new, "aux.5.") == [3.0] and values(new, "head.") == [3.0]
+    )  # the deep one alone
     alone = aggregated(policy, state, 1, [result(shallow, 1.0)])
     assert values(alone, "layers.2.") == [1.0] and values(alone, "aux.2.") == [1.0]
-    assert values(alone, "layers.3.") == [-9.0] and values(alone, "head.") == [-9.0] and values(alone, "aux.5.") == [-9.0]  # nobody held them
+    assert (
+        values(alone, "layers.3.") == [-9.0] and values(alone, "head.") == [-9.0] and values(alone, "aux.5.") == [-9.0]
+    )  # nobody held them
 
 
 def test_feddyn_through_the_policy():
@@ -214,7 +262,15 @@ def test_feddyn_through_the_policy():
     (task,) = policy.configure(state, 1, [deep])
     assert task.feddyn and task.grad_prev is None
     grad_prev = {k: np.full(np.shape(v), 0.5) for k, v in task.weights.items() if k in ctx.param_names}
-    result = ClientResult(client_id=deep, round=1, weights={k: np.full_like(v, 1.0) for k, v in task.weights.items()}, num_examples=50, num_samples=50, train_loss=0.0, keep={"grad_prev": grad_prev})
+    result = ClientResult(
+        client_id=deep,
+        round=1,
+        weights={k: np.full_like(v, 1.0) for k, v in task.weights.items()},
+        num_examples=50,
+        num_samples=50,
+        train_loss=0.0,
+        keep={"grad_prev": grad_prev},
+    )
     new = aggregated(policy, state, 1, [result])
     # One holder of N = 8: h = -0.1 * (1/8) * (1 - 0) = -0.0125; theta = 1 - h / 0.1 = 1.125.
     np.testing.assert_allclose(new.opt_state["stem.conv.weight"], -0.0125)
@@ -236,7 +292,9 @@ def test_ensemble_accuracy_is_the_accuracy_of_the_mean_logits():
     assert out["test_accuracy"] == 1.0
     assert out["test_accuracy@exit3"] == pytest.approx(2 / 3) and out["test_accuracy@exit9"] == pytest.approx(2 / 3)
     mean = ((a + b) / 2).numpy()
-    assert out["test_loss"] == pytest.approx(float(np.mean(-np.log(np_softmax(mean)[np.arange(3), y.numpy()]))), rel=1e-6)
+    assert out["test_loss"] == pytest.approx(
+        float(np.mean(-np.log(np_softmax(mean)[np.arange(3), y.numpy()]))), rel=1e-6
+    )
 
 
 def test_two_rounds_on_digits_under_fair_budgets(tmp_path):

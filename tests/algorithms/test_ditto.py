@@ -21,7 +21,9 @@ from tests.algorithms.tiny import TinyClients, aggregated, context, linear
 
 
 def policy(ctx, **algorithm):
-    return registry.get("ditto").policy(parse_config({"algorithm": {"name": "ditto", **algorithm}, "model": {"name": "mlp", "hidden": []}}), ctx)
+    return registry.get("ditto").policy(
+        parse_config({"algorithm": {"name": "ditto", **algorithm}, "model": {"name": "mlp", "hidden": []}}), ctx
+    )
 
 
 def test_personal_step_is_the_proximal_sgd_step():
@@ -32,7 +34,9 @@ def test_personal_step_is_the_proximal_sgd_step():
     with torch.no_grad():
         model.weight.copy_(torch.tensor(W))
         model.bias.copy_(torch.tensor(b))
-    v = LocalState(model, torch.optim.SGD(model.parameters(), lr=lr), {"weight": torch.tensor(W0), "bias": torch.tensor(b0)})
+    v = LocalState(
+        model, torch.optim.SGD(model.parameters(), lr=lr), {"weight": torch.tensor(W0), "bias": torch.tensor(b0)}
+    )
     # Execute
     loss = personal_step(v, (torch.tensor([[x]], dtype=torch.float64), torch.tensor([y])), lam)
     # Assert: v <- v - lr (grad F(v) + lam (v - w^t)), grad of CE = (softmax - e_y) [x, 1].
@@ -46,7 +50,15 @@ def test_personal_step_is_the_proximal_sgd_step():
 
 
 def result(cid, w, n, personal):
-    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32)}, num_examples=n, num_samples=n, train_loss=0.0, keep={"personal": {"w": np.array(personal, np.float32)}})
+    return ClientResult(
+        client_id=cid,
+        round=1,
+        weights={"w": np.array(w, np.float32)},
+        num_examples=n,
+        num_samples=n,
+        train_loss=0.0,
+        keep={"personal": {"w": np.array(personal, np.float32)}},
+    )
 
 
 def test_personal_models_persist_per_client_and_are_not_averaged():
@@ -70,7 +82,18 @@ def test_client_cost_counts_both_models_but_only_the_global_ones_bytes():
     pol = policy(context(cost_of=lambda variant: SimpleNamespace(train_flops=3.0)))
     w = {"w": np.zeros(4, np.float32)}
     task = pol.task(0, 1, w, kind=DittoTask, personal={"w": np.zeros(100, np.float32)})
-    flops, down, up = pol.client_cost(task, ClientResult(client_id=0, round=1, weights=w, num_examples=5, num_samples=10, train_loss=0.0, keep={"personal": task.personal}))
+    flops, down, up = pol.client_cost(
+        task,
+        ClientResult(
+            client_id=0,
+            round=1,
+            weights=w,
+            num_examples=5,
+            num_samples=10,
+            train_loss=0.0,
+            keep={"personal": task.personal},
+        ),
+    )
     assert (flops, down, up) == (2 * 3.0 * 10, 16, 16)
 
 
@@ -111,7 +134,17 @@ def test_personalize_scores_each_clients_own_v_and_the_global_model_for_the_unse
 
 
 def test_two_rounds_on_shards_report_finite_personal_accuracy(tmp_path):
-    cfg = load_config(None, ["algorithm.name=ditto", "data.num_clients=5", "federation.clients_per_round=3", "federation.rounds=2", "data.partition.kind=shards", "federation.personalize_epochs=1"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=ditto",
+            "data.num_clients=5",
+            "federation.clients_per_round=3",
+            "federation.rounds=2",
+            "data.partition.kind=shards",
+            "federation.personalize_epochs=1",
+        ],
+    )
     run_local(cfg, tmp_path)
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(metrics) == 2

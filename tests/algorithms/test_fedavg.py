@@ -14,19 +14,43 @@ from tests.algorithms.tiny import aggregated
 
 def context(param_names=("w",)):
     return FederationContext(
-        0, 4, 2, (2,), np.array([10, 30, 5, 5]), lambda: np.zeros((4, 2)), frozenset(param_names), np.full(4, 2**30), None, cost_of=None
+        0,
+        4,
+        2,
+        (2,),
+        np.array([10, 30, 5, 5]),
+        lambda: np.zeros((4, 2)),
+        frozenset(param_names),
+        np.full(4, 2**30),
+        None,
+        cost_of=None,
     )
 
 
 def result(cid, w, n, extra=None):
-    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32), **(extra or {})}, num_examples=n, num_samples=n, train_loss=0.0)
+    return ClientResult(
+        client_id=cid,
+        round=1,
+        weights={"w": np.array(w, np.float32), **(extra or {})},
+        num_examples=n,
+        num_samples=n,
+        train_loss=0.0,
+    )
 
 
 def test_fedavg_aggregate_is_the_sample_weighted_mean():
     cfg = parse_config({"algorithm": {"name": "fedavg"}})
     policy = registry.get("fedavg").policy(cfg, context())
     state = policy.init_state({"w": np.array([0.0, 0.0], np.float32), "running": np.array([1.0], np.float32)})
-    new = aggregated(policy, state, 1, [result(0, [1, 2], 10, {"running": np.array([2.0], np.float32)}), result(1, [5, 6], 30, {"running": np.array([6.0], np.float32)})])
+    new = aggregated(
+        policy,
+        state,
+        1,
+        [
+            result(0, [1, 2], 10, {"running": np.array([2.0], np.float32)}),
+            result(1, [5, 6], 30, {"running": np.array([6.0], np.float32)}),
+        ],
+    )
     assert new.weights["w"].tolist() == [4.0, 5.0]  # (10 * [1, 2] + 30 * [5, 6]) / 40
     assert new.weights["running"].tolist() == [5.0]  # buffers: the same weighted mean
     assert new.round == 1
@@ -67,10 +91,20 @@ def test_fedprox_loss_adds_the_proximal_term():
     with torch.no_grad():
         model.weight.zero_()
         model.bias.zero_()
-    task = ClientTask(client_id=0, round=1, weights={}, model=cfg.model, local_epochs=1, batch_size=2, optimizer=OptimizerSpec("sgd", 0.1))
+    task = ClientTask(
+        client_id=0,
+        round=1,
+        weights={},
+        model=cfg.model,
+        local_epochs=1,
+        batch_size=2,
+        optimizer=OptimizerSpec("sgd", 0.1),
+    )
     state = proc.init(task, model)
     with torch.no_grad():
         model.weight.fill_(1.0)  # ||w - w0||^2 = 4 (weight) + 0 (bias)
     x, y = torch.ones(1, 2), torch.tensor([1])
     logits = model(x)
-    assert float(proc.loss(state, logits, y).detach()) == pytest.approx(float(F.cross_entropy(logits, y).detach()) + 0.5 / 2 * 4)
+    assert float(proc.loss(state, logits, y).detach()) == pytest.approx(
+        float(F.cross_entropy(logits, y).detach()) + 0.5 / 2 * 4
+    )

@@ -44,7 +44,17 @@ def test_the_public_codes_preresnet20_schedules_come_out_of_measured_memory():
     costs = measure_layers(build_model(cfg.model, shape, 10), shape)
     schedules = {}
     for r in (1 / 8, 1 / 6, 1 / 3, 1 / 2, 1.0):
-        p = plan(costs, width_memory(cfg, training_memory, r), 128, 1, [costs.head], num_examples=400, memory="blocks", cache="never", mkd=2)
+        p = plan(
+            costs,
+            width_memory(cfg, training_memory, r),
+            128,
+            1,
+            [costs.head],
+            num_examples=400,
+            memory="blocks",
+            cache="never",
+            mkd=2,
+        )
         schedules[r] = [[i + 1 for i in b] for b in p.blocks]  # 1-based layers, as the code names them
     assert schedules[1 / 6] == [[1], [2], [3], [4], [5, 6], [7, 8, 9]]
     assert schedules[1 / 3] == [[1, 2], [3, 4], [5, 6, 7, 8, 9]]
@@ -109,7 +119,9 @@ def task_for(fed, state, client, **fields):
 
 
 def test_frozen_blocks_stay_bit_identical_through_later_stages():
-    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "federation.momentum=0.9", "federation.weight_decay=5e-4")
+    fed, state = federation(
+        "algorithm.name=fedepth", *BIG_BATCH, "federation.momentum=0.9", "federation.weight_decay=5e-4"
+    )
     runner = ClientRunner.of(fed)
     first = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2),))])[0]
     both = runner.run_all([task_for(fed, state, 0, blocks=((0, 1, 2), tuple(range(3, 9))))])[0]
@@ -125,7 +137,9 @@ def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
     # Problem (1), stage j = 1 of blocks {0, 1, 2} {3, 4, 5}: only layers 3-5 and the head move
     # (the stem trains with the first block only, later layers wait for their stage); the stage
     # runs the task's epochs over the client's samples, and its loss is their weighted sum.
-    fed, state = federation("algorithm.name=fedepth", *BIG_BATCH, "federation.local_epochs=2", "federation.momentum=0.9")
+    fed, state = federation(
+        "algorithm.name=fedepth", *BIG_BATCH, "federation.local_epochs=2", "federation.momentum=0.9"
+    )
     runner = ClientRunner.of(fed)
     task = task_for(fed, state, 0, blocks=((0, 1, 2), (3, 4, 5)))
     data = runner.data(0)
@@ -134,7 +148,11 @@ def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
     with torch_threads():
         loss_sum, samples = train_stage(model, task, 1, (3, 4, 5), data, runner.context)
     after = to_numpy(model)
-    moved = {k.split(".")[0] + ("." + k.split(".")[1] if k.startswith("layers.") else "") for k in before if not np.array_equal(before[k], after[k])}
+    moved = {
+        k.split(".")[0] + ("." + k.split(".")[1] if k.startswith("layers.") else "")
+        for k in before
+        if not np.array_equal(before[k], after[k])
+    }
     assert moved == {"layers.3", "layers.4", "layers.5", "head"}
     assert samples == 2 * len(data) and 0 < loss_sum / samples < 10
 
@@ -147,13 +165,20 @@ def test_an_m_fedepth_stage_trains_its_block_and_the_auxiliary_classifier_it_end
     blocks = ((0, 1, 2), (3, 4, 5), (6, 7, 8))
     task = task_for(fed, state, 0, blocks=blocks, aux=True)
     data = runner.data(0)
-    for j, want in ((1, {"layers.3", "layers.4", "layers.5", "aux.5"}), (2, {"layers.6", "layers.7", "layers.8", "head"})):
+    for j, want in (
+        (1, {"layers.3", "layers.4", "layers.5", "aux.5"}),
+        (2, {"layers.6", "layers.7", "layers.8", "head"}),
+    ):
         model = runner.context.load(task.model, task.weights)
         before = to_numpy(model)
         with torch_threads():
             train_stage(model, task, j, blocks[j], data, runner.context)
         after = to_numpy(model)
-        assert {".".join(k.split(".")[:2]) if k.startswith(("layers.", "aux.")) else k.split(".")[0] for k in before if not np.array_equal(before[k], after[k])} == want
+        assert {
+            ".".join(k.split(".")[:2]) if k.startswith(("layers.", "aux.")) else k.split(".")[0]
+            for k in before
+            if not np.array_equal(before[k], after[k])
+        } == want
 
 
 def test_a_cached_prefix_trains_as_the_recomputed_one():
@@ -171,10 +196,17 @@ def test_client_cost_counts_the_frozen_prefix_of_every_stage():
     fed, state = federation("algorithm.name=fedepth", *BIG_BATCH)
     policy, c = fed.policy, fed.policy.costs
     blocks = ((0, 1, 2), tuple(range(3, 9)))
-    result = ClientResult(client_id=0, round=1, weights=state.weights, num_examples=50, num_samples=200, train_loss=0.0)  # 100 samples per stage
+    result = ClientResult(
+        client_id=0, round=1, weights=state.weights, num_examples=50, num_samples=200, train_loss=0.0
+    )  # 100 samples per stage
     flops, down, up = policy.client_cost(task_for(fed, state, 0, blocks=blocks), result)
     stage1 = c.stem.train_flops + sum(l.train_flops for l in c.layers[:3]) + c.head.train_flops
-    stage2 = c.stem.forward_flops + sum(l.forward_flops for l in c.layers[:3]) + sum(l.train_flops for l in c.layers[3:]) + c.head.train_flops
+    stage2 = (
+        c.stem.forward_flops
+        + sum(l.forward_flops for l in c.layers[:3])
+        + sum(l.train_flops for l in c.layers[3:])
+        + c.head.train_flops
+    )
     assert flops == pytest.approx(100 * (stage1 + stage2))
     # Cached: the prefix runs once per example (50), not once per training sample (100).
     cached, _, _ = policy.client_cost(task_for(fed, state, 0, blocks=blocks, cache=True), result)
@@ -193,7 +225,24 @@ def test_m_fedepth_averages_each_head_over_the_clients_that_trained_it():
     small = next(c for c, p in plans.items() if len(p.blocks) > 3)
     full = next(c for c, p in plans.items() if len(p.blocks) == 1)
     ends = {b[-1] for b in plans[small].blocks[:-1]}
-    results = [ClientResult(client_id=small, round=1, weights=constant(state.weights, 1.0), num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=full, round=1, weights=constant(state.weights, 3.0), num_examples=30, num_samples=30, train_loss=0.0)]
+    results = [
+        ClientResult(
+            client_id=small,
+            round=1,
+            weights=constant(state.weights, 1.0),
+            num_examples=10,
+            num_samples=10,
+            train_loss=0.0,
+        ),
+        ClientResult(
+            client_id=full,
+            round=1,
+            weights=constant(state.weights, 3.0),
+            num_examples=30,
+            num_samples=30,
+            train_loss=0.0,
+        ),
+    ]
     new = aggregated(policy, state, 1, results).weights
     assert new["layers.4.conv1.weight"].flat[0] == pytest.approx(2.5)  # the body: both, (10 * 1 + 30 * 3) / 40
     assert new["head.linear.weight"].flat[0] == pytest.approx(2.5)
@@ -210,7 +259,27 @@ def test_partial_clients_leave_their_skipped_layers_to_the_others():
     plans = {c: fed.policy.plan_of(c) for c in range(8)}
     partial = next(c for c, p in plans.items() if p.skip > 0)
     other = next(c for c, p in plans.items() if p.skip == 0)
-    results = sorted([ClientResult(client_id=partial, round=1, weights=constant(state.weights, 1.0), num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=other, round=1, weights=constant(state.weights, 3.0), num_examples=30, num_samples=30, train_loss=0.0)], key=lambda r: r.client_id)
+    results = sorted(
+        [
+            ClientResult(
+                client_id=partial,
+                round=1,
+                weights=constant(state.weights, 1.0),
+                num_examples=10,
+                num_samples=10,
+                train_loss=0.0,
+            ),
+            ClientResult(
+                client_id=other,
+                round=1,
+                weights=constant(state.weights, 3.0),
+                num_examples=30,
+                num_samples=30,
+                train_loss=0.0,
+            ),
+        ],
+        key=lambda r: r.client_id,
+    )
     new = aggregated(fed.policy, state, 1, results).weights
     assert np.all(new["layers.0.conv1.weight"] == 3.0)  # skipped by the partial client
     assert new[f"layers.{plans[partial].skip}.conv1.weight"].flat[0] == pytest.approx(2.5)
@@ -224,7 +293,13 @@ def mkd_clients(fed, state, rnd):
 
 @pytest.mark.parametrize("peers", ["per_client", "shared"])
 def test_mkd_peers_persist_per_client_across_rounds(peers):
-    fed, state = federation("algorithm.name=fedepth", "devices.profile=fedepth_surplus", *BIG_BATCH, "federation.clients_per_round=8", f"algorithm.peers={peers}")
+    fed, state = federation(
+        "algorithm.name=fedepth",
+        "devices.profile=fedepth_surplus",
+        *BIG_BATCH,
+        "federation.clients_per_round=8",
+        f"algorithm.peers={peers}",
+    )
     initial = state.clients["initial"]
     with torch_threads():
         tasks = mkd_clients(fed, state, 1)
@@ -234,7 +309,9 @@ def test_mkd_peers_persist_per_client_across_rounds(peers):
     assert set(again) == set(tasks)
     for c, t in again.items():
         kept = state.clients[c if peers == "per_client" else "shared"][0]
-        assert t.peers[0] is kept and not np.array_equal(kept["layers.0.conv1.weight"], initial["layers.0.conv1.weight"])
+        assert t.peers[0] is kept and not np.array_equal(
+            kept["layers.0.conv1.weight"], initial["layers.0.conv1.weight"]
+        )
     if peers == "per_client" and len(again) > 1:
         a, b = sorted(again)[:2]
         assert not np.array_equal(again[a].peers[0]["head.linear.weight"], again[b].peers[0]["head.linear.weight"])
@@ -249,7 +326,9 @@ def test_mm_fedepth_refuses_aux_heads_that_miss_a_block_end():
 
 def test_clients_whose_budget_fits_no_layer_never_take_part():
     # Batch 10 on digits: the 1/6-width budget is smaller than training the last layer alone.
-    fed, state = federation("algorithm.name=fedepth", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=8")
+    fed, state = federation(
+        "algorithm.name=fedepth", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=8"
+    )
     out = fed.policy.select(state, 1, range(8))
     assert 0 < len(out) < 8 and all(fed.policy.fits[c] for c in out)
     assert fed.policy.summary()["clients_without_plan"] == 8 - len(out)
@@ -270,7 +349,9 @@ def test_depthwise_fine_tuning_of_a_pretrained_transformer(tmp_path):
     pretrained = {k: torch.full_like(v, 0.01) if k.startswith("layers.") else v for k, v in pretrained.items()}
     pretrained["head.fc.weight"] = torch.zeros(3, 64)  # another task's head: not taken
     torch.save(pretrained, tmp_path / "vit.pt")
-    fed, state = federation("algorithm.name=fedepth", "model.name=transformer", f"model.init_weights={tmp_path / 'vit.pt'}", *BIG_BATCH)
+    fed, state = federation(
+        "algorithm.name=fedepth", "model.name=transformer", f"model.init_weights={tmp_path / 'vit.pt'}", *BIG_BATCH
+    )
     assert np.all(state.weights["layers.3.ff1.weight"] == np.float32(0.01))
     assert state.weights["head.fc.weight"].shape == (10, 64) and state.weights["head.fc.weight"].any()
     runner = ClientRunner.of(fed)

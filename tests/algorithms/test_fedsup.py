@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from rayfl.algorithms import aggregate
 from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
 from rayfl.algorithms.messages import ClientResult
-from rayfl.engine import ClientRunner, build_federation, torch_threads
 from rayfl.devices.cost import measure
+from rayfl.engine import ClientRunner, build_federation, torch_threads
 from rayfl.loader import load_config
 from rayfl.models import build_model
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
@@ -62,7 +62,17 @@ def test_in_place_distillation_loss_on_hand_logits():
 
 
 def test_a_step_accumulates_the_gradients_of_its_subnets_then_steps_once():
-    cfg = load_config(None, ["algorithm.name=fedsup", *FEW, "federation.batch_size=1000", "federation.lr=0.1", "algorithm.temperature=2", "algorithm.distill_weight=0.5"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=fedsup",
+            *FEW,
+            "federation.batch_size=1000",
+            "federation.lr=0.1",
+            "algorithm.temperature=2",
+            "algorithm.distill_weight=0.5",
+        ],
+    )
     with torch_threads():
         fed = build_federation(cfg)
         state = fed.policy.init_state(fed.initial_weights())
@@ -94,7 +104,9 @@ def efedsup(*extra):
 
 def static_cost(subnet, fed):
     """A sub-net's cost measured on its whole static model (`measure`), not as the policy sums it."""
-    return measure(build_model(subnet.config(SMALL), fed.context.input_shape, fed.context.num_classes), fed.context.input_shape)
+    return measure(
+        build_model(subnet.config(SMALL), fed.context.input_shape, fed.context.num_classes), fed.context.input_shape
+    )
 
 
 @pytest.mark.parametrize("budget", ["flops", "params"])
@@ -104,7 +116,11 @@ def test_tiers_draw_subnets_that_fit_their_budget(budget):
     drawn sub-net fits its tier by the static model's own count, and the draws bind (some fall
     back to the smallest, some are larger)."""
     fed, _ = efedsup("data.num_clients=60", f"algorithm.budget={budget}")
-    size = (lambda s: static_cost(s, fed).forward_flops) if budget == "flops" else (lambda s: static_cost(s, fed).num_params)
+    size = (
+        (lambda s: static_cost(s, fed).forward_flops)
+        if budget == "flops"
+        else (lambda s: static_cost(s, fed).num_params)
+    )
     big = size(largest(SMALL))
     assert fed.policy.budgets[0] == pytest.approx(size(smallest(SMALL)) / big) and fed.policy.budgets[-1] == 1.0
     drawn = {c: fed.policy.tier_subnet(1, c) for c in range(60)}
@@ -147,5 +163,13 @@ def test_fedsup_averages_whole_supernets_by_samples():
     state = fed.policy.init_state(fed.initial_weights())
     ones = {k: np.ones_like(v) for k, v in state.weights.items()}
     threes = {k: np.full_like(v, 3.0) for k, v in state.weights.items()}
-    new = aggregated(fed.policy, state, 1, [ClientResult(client_id=0, round=1, weights=ones, num_examples=10, num_samples=10, train_loss=0.0), ClientResult(client_id=1, round=1, weights=threes, num_examples=30, num_samples=30, train_loss=0.0)]).weights
+    new = aggregated(
+        fed.policy,
+        state,
+        1,
+        [
+            ClientResult(client_id=0, round=1, weights=ones, num_examples=10, num_samples=10, train_loss=0.0),
+            ClientResult(client_id=1, round=1, weights=threes, num_examples=30, num_samples=30, train_loss=0.0),
+        ],
+    ).weights
     assert all(np.allclose(v, 2.5) for v in new.values())

@@ -112,8 +112,16 @@ def context(input_shape, num_clients=10, memory=None, hist=None):
 def test_cnn_counts_match_table_1():
     # HeteroFL Table 1 (MNIST CNN, 28x28): parameters (printed as 1.6 M, 391 K, 99 K, 25 K, 7 K, so
     # "within rounding" is half the last printed digit), FLOPs per level, and the Ratio of mixes.
-    table = {"a": (1.6e6, 0.05e6, 80.5e6), "b": (391e3, 500, 20.5e6), "c": (99e3, 500, 5.3e6), "d": (25e3, 500, 1.4e6), "e": (7e3, 500, 400e3)}
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-b1-c1-d1-e1"}, "model": {"name": "cnn", "norm": "sbn"}})
+    table = {
+        "a": (1.6e6, 0.05e6, 80.5e6),
+        "b": (391e3, 500, 20.5e6),
+        "c": (99e3, 500, 5.3e6),
+        "d": (25e3, 500, 1.4e6),
+        "e": (7e3, 500, 400e3),
+    }
+    cfg = parse_config(
+        {"algorithm": {"name": "heterofl", "levels": "a1-b1-c1-d1-e1"}, "model": {"name": "cnn", "norm": "sbn"}}
+    )
     summary = HeteroFLPolicy(cfg, context((1, 28, 28))).summary()
     for name, (params, rounding, flops) in table.items():
         got = summary["levels"][name]
@@ -121,7 +129,9 @@ def test_cnn_counts_match_table_1():
         assert abs(got["forward_flops"] - flops) / flops < 0.10, (name, got["forward_flops"])
     assert round(summary["model_size_ratio"], 2) == 0.27 and abs(summary["mean_params"] - 416e3) < 500
     assert abs(summary["mean_forward_flops"] - 21.6e6) / 21.6e6 < 0.10  # Table 1: a-b-c-d-e 21.6 M FLOPs
-    a_e = HeteroFLPolicy(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"levels": "a1-e1"})}), context((1, 28, 28))).summary()
+    a_e = HeteroFLPolicy(
+        cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"levels": "a1-e1"})}), context((1, 28, 28))
+    ).summary()
     assert round(a_e["model_size_ratio"], 2) == 0.50 and abs(a_e["mean_params"] - 782e3) < 500
 
 
@@ -133,7 +143,9 @@ def test_fix_and_capability_assignment():
 
 
 def test_dynamic_levels_are_redrawn_each_round_in_proportion():
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-e3", "mode": "dynamic"}, "model": {"name": "mlp"}})
+    cfg = parse_config(
+        {"algorithm": {"name": "heterofl", "levels": "a1-e3", "mode": "dynamic"}, "model": {"name": "mlp"}}
+    )
     policy = HeteroFLPolicy(cfg, context((64,), num_clients=50))
     draws = np.array([[policy.level_of(r, c) for c in range(50)] for r in range(1, 41)])
     assert abs((draws == 1).mean() - 0.75) < 0.05
@@ -141,7 +153,12 @@ def test_dynamic_levels_are_redrawn_each_round_in_proportion():
 
 
 def test_capability_mode_gives_the_widest_level_that_fits_memory():
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-b1-e1", "mode": "capability"}, "model": {"name": "mlp", "hidden": [256, 256]}})
+    cfg = parse_config(
+        {
+            "algorithm": {"name": "heterofl", "levels": "a1-b1-e1", "mode": "capability"},
+            "model": {"name": "mlp", "hidden": [256, 256]},
+        }
+    )
     ctx = context((64,), num_clients=3, memory=np.array([2.0**30, 0.0, 1.0]))
     need_e = ctx.cost_of(cfg.model.model_copy(update={"rate": 0.0625, "scaler": 0.0625})).training_memory(10, 0)
     ctx = context((64,), num_clients=3, memory=np.array([2.0**30, need_e, need_e - 1]))
@@ -164,13 +181,15 @@ def test_masked_cross_entropy_fills_absent_classes():
 
 
 def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
-    cfg = parse_config({
-        "algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"},
-        "model": {"name": "cnn", "norm": "sbn"},
-        "data": {"partition": {"kind": "shards", "classes_per_client": 2}},
-        "federation": {"rounds": 3, "grad_clip": 1.0},
-        "devices": {"profile": "uniform"},
-    })
+    cfg = parse_config(
+        {
+            "algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"},
+            "model": {"name": "cnn", "norm": "sbn"},
+            "data": {"partition": {"kind": "shards", "classes_per_client": 2}},
+            "federation": {"rounds": 3, "grad_clip": 1.0},
+            "devices": {"profile": "uniform"},
+        }
+    )
     summary = run_local(cfg, tmp_path)
     clients = pd.read_parquet(tmp_path / "clients.parquet")
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
@@ -185,10 +204,23 @@ def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
 
 
 def test_sbn_calibration_can_use_a_sample_of_clients():
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "sbn_clients": 0.25}, "model": {"name": "mlp"}, "federation": {"batch_size": 4}})
+    cfg = parse_config(
+        {
+            "algorithm": {"name": "heterofl", "levels": "a1", "sbn_clients": 0.25},
+            "model": {"name": "mlp"},
+            "federation": {"batch_size": 4},
+        }
+    )
     policy = HeteroFLPolicy(cfg, context((64,), num_clients=8))
     # 8 clients of 10 samples each; a sample's input is its index, so batches show whose data they hold.
-    pool = Dataset("indices", np.arange(80, dtype=np.float32)[:, None], np.zeros(80, np.int64), np.zeros((1, 1), np.float32), np.zeros(1, np.int64), 10)
+    pool = Dataset(
+        "indices",
+        np.arange(80, dtype=np.float32)[:, None],
+        np.zeros(80, np.int64),
+        np.zeros((1, 1), np.float32),
+        np.zeros(1, np.int64),
+        10,
+    )
     train = Partitioned(pool, [np.arange(10 * c, 10 * c + 10) for c in range(8)])
     batches = policy.calibration_batches(3, train)
     used = np.concatenate(batches).ravel()
@@ -196,11 +228,23 @@ def test_sbn_calibration_can_use_a_sample_of_clients():
     assert len(owners) == 2 and len(used) == 20  # a quarter of 8 clients, all their samples
     assert all(len(b) > 1 for b in batches)
     assert all(np.array_equal(a, b) for a, b in zip(batches, policy.calibration_batches(3, train)))  # seeded by round
-    assert len(np.concatenate(HeteroFLPolicy(parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp"}}), context((64,), num_clients=8)).calibration_batches(3, train))) == 80
+    assert (
+        len(
+            np.concatenate(
+                HeteroFLPolicy(
+                    parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp"}}),
+                    context((64,), num_clients=8),
+                ).calibration_batches(3, train)
+            )
+        )
+        == 80
+    )
 
 
 def test_size_ratio_follows_the_clients_actually_dealt_each_level():
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"}, "model": {"name": "cnn", "norm": "sbn"}})
+    cfg = parse_config(
+        {"algorithm": {"name": "heterofl", "levels": "a1-e1", "mode": "fix"}, "model": {"name": "cnn", "norm": "sbn"}}
+    )
     summary = HeteroFLPolicy(cfg, context((1, 28, 28), num_clients=5)).summary()  # fix deals a, a, e, e, e
     a, e = summary["levels"]["a"]["params"], summary["levels"]["e"]["params"]
     assert summary["mean_params"] == pytest.approx((2 * a + 3 * e) / 5)
@@ -215,7 +259,16 @@ def test_the_client_trains_on_the_masked_cross_entropy():
     cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp", "hidden": []}})
     proc = HeteroFLClient(cfg)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 3))
-    task = HeteroFLTask(client_id=0, round=1, weights={}, model=cfg.model, local_epochs=1, batch_size=2, optimizer=OptimizerSpec("sgd", 0.1), label_split=(0, 2))
+    task = HeteroFLTask(
+        client_id=0,
+        round=1,
+        weights={},
+        model=cfg.model,
+        local_epochs=1,
+        batch_size=2,
+        optimizer=OptimizerSpec("sgd", 0.1),
+        label_split=(0, 2),
+    )
     state = proc.init(task, model)
     logits, y = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([0])
     by_hand = -1 + math.log(math.exp(1) + math.exp(0) + math.exp(3))
@@ -227,11 +280,28 @@ def test_the_client_trains_on_the_masked_cross_entropy():
 def test_classifier_rows_by_label_split_is_its_own_switch(rows, expected):
     # mask: none (no masked loss) with label_split_rows on or off: the row restriction follows
     # label_split_rows alone. Clients a (classes 0, 2) and b (0, 1) send rows of 1 and 5.
-    cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1", "mask": "none", "label_split_rows": rows}, "model": {"name": "mlp", "hidden": []}})
-    ctx = dataclasses.replace(context((2,), num_clients=2), num_classes=4, label_histogram=lambda: np.array([[5, 0, 5, 0], [5, 5, 0, 0]]))
+    cfg = parse_config(
+        {
+            "algorithm": {"name": "heterofl", "levels": "a1", "mask": "none", "label_split_rows": rows},
+            "model": {"name": "mlp", "hidden": []},
+        }
+    )
+    ctx = dataclasses.replace(
+        context((2,), num_clients=2), num_classes=4, label_histogram=lambda: np.array([[5, 0, 5, 0], [5, 5, 0, 0]])
+    )
     policy = HeteroFLPolicy(cfg, ctx)
     state = policy.init_state({"1.weight": np.full((4, 2), 9.0, np.float32), "1.bias": np.full(4, 9.0, np.float32)})
-    results = [ClientResult(client_id=c, round=1, weights={"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)}, num_examples=10, num_samples=10, train_loss=0.0) for c, v in ((0, 1.0), (1, 5.0))]
+    results = [
+        ClientResult(
+            client_id=c,
+            round=1,
+            weights={"1.weight": np.full((4, 2), v, np.float32), "1.bias": np.full(4, v, np.float32)},
+            num_examples=10,
+            num_samples=10,
+            train_loss=0.0,
+        )
+        for c, v in ((0, 1.0), (1, 5.0))
+    ]
     out = aggregated(policy, state, 1, results)
     # on: class 0 both (3), class 1 only b (5), class 2 only a (1), class 3 nobody (9); off: every row held by both
     assert out.weights["1.bias"].tolist() == expected and out.weights["1.weight"][:, 1].tolist() == expected

@@ -35,7 +35,20 @@ def test_sharers_at_4_8_12():
     # Alg. 1 l. 26-27 with L = 4, 8, 12 (1-based): layers 1..3 shared by all, 4..7 by the medium and
     # large models, 8..11 by the large one alone; each model's top layer (4, 8, 12) is its own.
     depths = [4, 8, 12]
-    expect = {0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2], 3: [1, 2], 4: [1, 2], 5: [1, 2], 6: [1, 2], 7: [2], 8: [2], 9: [2], 10: [2], 11: []}
+    expect = {
+        0: [0, 1, 2],
+        1: [0, 1, 2],
+        2: [0, 1, 2],
+        3: [1, 2],
+        4: [1, 2],
+        5: [1, 2],
+        6: [1, 2],
+        7: [2],
+        8: [2],
+        9: [2],
+        10: [2],
+        11: [],
+    }
     assert {i: sharers(f"layers.{i}.attn.q", depths, P) for i in range(12)} == expect
     assert sharers("embed.weight", depths, P) == [0, 1, 2]  # the stem: everyone's bottom
     assert sharers("head.fc.weight", depths, P) == []  # every head is isolated
@@ -66,7 +79,14 @@ def test_heterogeneous_weights_are_the_groups_sample_shares():
 
 def test_momentum_is_the_mean_over_layers():
     # Alg. 1 l. 22 for the medium group (L^- = 2, L_j = 4): layers 2..4, 0-based 1..3.
-    update = {"stem.w": np.array([100.0]), "layers.0.w": np.array([50.0]), "layers.1.w": np.array([1.0]), "layers.2.w": np.array([2.0]), "layers.3.w": np.array([6.0]), "head.w": np.array([7.0])}
+    update = {
+        "stem.w": np.array([100.0]),
+        "layers.0.w": np.array([50.0]),
+        "layers.1.w": np.array([1.0]),
+        "layers.2.w": np.array([2.0]),
+        "layers.3.w": np.array([6.0]),
+        "head.w": np.array([7.0]),
+    }
     assert momentum_of(update, 1, 3, P) == {"w": pytest.approx([3.0])}  # (1 + 2 + 6) / 3
 
 
@@ -79,13 +99,29 @@ def test_momentum_is_a_copy():
 
 
 def test_distill_blends_the_top_layer_only():
-    update = {"stem.w": np.array([1.0]), "layers.0.w": np.array([1.0]), "layers.1.w": np.array([1.0]), "layers.1.b": np.array([2.0]), "head.w": np.array([1.0])}
+    update = {
+        "stem.w": np.array([1.0]),
+        "layers.0.w": np.array([1.0]),
+        "layers.1.w": np.array([1.0]),
+        "layers.1.b": np.array([2.0]),
+        "head.w": np.array([1.0]),
+    }
     out = distill(update, {"w": np.array([3.0]), "b": np.array([-2.0])}, 1, 0.2, P)
-    assert out["layers.1.w"].tolist() == pytest.approx([0.2 * 3 + 0.8 * 1]) and out["layers.1.b"].tolist() == pytest.approx([0.2 * -2 + 0.8 * 2])
+    assert out["layers.1.w"].tolist() == pytest.approx([0.2 * 3 + 0.8 * 1]) and out[
+        "layers.1.b"
+    ].tolist() == pytest.approx([0.2 * -2 + 0.8 * 2])
     assert out["stem.w"].tolist() == [1.0] and out["layers.0.w"].tolist() == [1.0] and out["head.w"].tolist() == [1.0]
 
 
-TINY = ["model.name=transformer", "model.width=4", "model.heads=1", "model.ffn=4", "model.depth=3", "devices.profile=mobile", "data.num_clients=12"]
+TINY = [
+    "model.name=transformer",
+    "model.width=4",
+    "model.heads=1",
+    "model.ffn=4",
+    "model.depth=3",
+    "devices.profile=mobile",
+    "data.num_clients=12",
+]
 
 
 def tiny_policy(*extra):
@@ -99,14 +135,28 @@ def test_two_rounds_through_the_policy():
     sub-global model + 1. The expected values are worked out in the comments."""
     policy, ctx = tiny_policy("algorithm.server_opt=avg", "algorithm.beta=0.5")
     client = [int(np.flatnonzero(ctx.device_classes == j)[0]) for j in range(3)]  # weak, medium, strong
-    state = policy.init_state({k: np.zeros(v.shape, np.float32) for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()})
+    state = policy.init_state(
+        {
+            k: np.zeros(v.shape, np.float32)
+            for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()
+        }
+    )
 
     def result(j, rnd, value):
         sub = policy.submodel(state, j)
-        return ClientResult(client_id=client[j], round=rnd, weights={k: value(v) for k, v in sub.items()}, num_examples=[10, 30, 60][j], num_samples=1, train_loss=0.0)
+        return ClientResult(
+            client_id=client[j],
+            round=rnd,
+            weights={k: value(v) for k, v in sub.items()},
+            num_examples=[10, 30, 60][j],
+            num_samples=1,
+            train_loss=0.0,
+        )
 
     def group(state, j, prefix):
-        return sorted({float(v) for k, arr in policy.submodel(state, j).items() if k.startswith(prefix) for v in np.ravel(arr)})
+        return sorted(
+            {float(v) for k, arr in policy.submodel(state, j).items() if k.startswith(prefix) for v in np.ravel(arr)}
+        )
 
     def momenta(state, j):
         return sorted({float(v) for m in state.opt_state[j].momentum.values() for v in np.ravel(m)})
@@ -120,7 +170,11 @@ def test_two_rounds_through_the_policy():
     assert momenta(state, 2) == [3.0]
     # Shared: the stem over all three by samples, layer 0 over medium and large (the weak one's top).
     assert group(state, 2, "embed.") == pytest.approx([2.5]) and group(state, 2, "layers.0.") == pytest.approx([8 / 3])
-    assert group(state, 2, "layers.1.") == [3.0] and group(state, 2, "layers.2.") == [3.0] and group(state, 2, "head.") == [3.0]
+    assert (
+        group(state, 2, "layers.1.") == [3.0]
+        and group(state, 2, "layers.2.") == [3.0]
+        and group(state, 2, "head.") == [3.0]
+    )
 
     state = aggregated(policy, state, 2, [result(j, 2, lambda v: v + 1.0) for j in range(3)])
     # Weak: top layer 0.5 + (0.5 * 1.5 + 0.5 * 1) = 1.75, the medium group's round-1 momentum blended in.
@@ -138,8 +192,23 @@ def test_each_group_takes_its_own_fedadam_step():
     # m = (1 - b1), v = b2 tau^2 + (1 - b2), x += eta m / (sqrt(v) + tau); eta per group (server_lrs).
     policy, ctx = tiny_policy("algorithm.server_lrs=[0.1, 0.2, 0.4]", "algorithm.beta=0")
     client = [int(np.flatnonzero(ctx.device_classes == j)[0]) for j in range(3)]
-    state = policy.init_state({k: np.zeros(v.shape, np.float32) for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()})
-    results = [ClientResult(client_id=client[j], round=1, weights={k: np.ones_like(v) for k, v in policy.submodel(state, j).items()}, num_examples=5, num_samples=5, train_loss=0.0) for j in range(3)]
+    state = policy.init_state(
+        {
+            k: np.zeros(v.shape, np.float32)
+            for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()
+        }
+    )
+    results = [
+        ClientResult(
+            client_id=client[j],
+            round=1,
+            weights={k: np.ones_like(v) for k, v in policy.submodel(state, j).items()},
+            num_examples=5,
+            num_samples=5,
+            train_loss=0.0,
+        )
+        for j in range(3)
+    ]
     state = aggregated(policy, state, 1, results)
     b1, b2, tau = 0.9, 0.99, 1e-3
     step = (1 - b1) / (np.sqrt(b2 * tau**2 + (1 - b2)) + tau)
@@ -151,12 +220,28 @@ def test_each_group_takes_its_own_fedadam_step():
 
 def test_groups_follow_device_classes_and_baselines_take_one_group():
     policy, ctx = tiny_policy("devices.mix=1:2:3")
-    state = policy.init_state({k: v.numpy() for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()})
+    state = policy.init_state(
+        {
+            k: v.numpy()
+            for k, v in build_model(policy.global_model(), ctx.input_shape, ctx.num_classes).state_dict().items()
+        }
+    )
     tasks = policy.configure(state, 1, range(12))
     assert [t.model.depth for t in tasks] == [[1, 2, 3][c] for c in ctx.device_classes]
     assert sorted(np.bincount(ctx.device_classes)) == [2, 4, 6]
     for name, depth, clients in (("alllarge_depth", 3, 12), ("allsmall_depth", 1, 12), ("exclusivefl_depth", 3, 6)):
-        fed = build_federation(load_config(None, [f"algorithm.name={name}", "algorithm.depths=1-2-3", *TINY, "devices.mix=1:2:3", "federation.clients_per_round=12"]))
+        fed = build_federation(
+            load_config(
+                None,
+                [
+                    f"algorithm.name={name}",
+                    "algorithm.depths=1-2-3",
+                    *TINY,
+                    "devices.mix=1:2:3",
+                    "federation.clients_per_round=12",
+                ],
+            )
+        )
         chosen = fed.policy.select(None, 1, range(12))
         assert len(chosen) == clients and fed.policy.global_model().depth == depth
         if name == "exclusivefl_depth":
@@ -165,7 +250,16 @@ def test_groups_follow_device_classes_and_baselines_take_one_group():
 
 def test_depths_must_fit_the_profile_and_the_model():
     with pytest.raises(ConfigError, match="algorithm.depths: 2 depths for the 3 device classes"):
-        load_config(None, ["algorithm.name=inclusivefl", "algorithm.depths=3-6", *TINY[:-2], "model.depth=6", "devices.profile=mobile"])
+        load_config(
+            None,
+            [
+                "algorithm.name=inclusivefl",
+                "algorithm.depths=3-6",
+                *TINY[:-2],
+                "model.depth=6",
+                "devices.profile=mobile",
+            ],
+        )
     with pytest.raises(ConfigError, match=r"algorithm.depths: the largest depth \(4\) must be model.depth \(3\)"):
         load_config(None, ["algorithm.name=inclusivefl", "algorithm.depths=1-2-4", *TINY])
     with pytest.raises(ConfigError, match="model.name: inclusivefl needs a depth-sliceable model"):
@@ -177,7 +271,13 @@ def metrics(run_dir):
 
 
 def test_beta_zero_is_inclusivefl_without_momentum_distillation(tmp_path, monkeypatch):
-    base = ["algorithm.name=inclusivefl", "federation.rounds=3", "devices.profile=mobile", "data.num_clients=12", "federation.clients_per_round=6"]
+    base = [
+        "algorithm.name=inclusivefl",
+        "federation.rounds=3",
+        "devices.profile=mobile",
+        "data.num_clients=12",
+        "federation.clients_per_round=6",
+    ]
     run_local(load_config(None, [*base, "algorithm.beta=0"]), tmp_path / "beta0")
     run_local(load_config(None, [*base, "algorithm.beta=0.5"]), tmp_path / "beta05")
     with monkeypatch.context() as m:  # w/o MD by construction: the top-layer update is never touched
@@ -185,17 +285,34 @@ def test_beta_zero_is_inclusivefl_without_momentum_distillation(tmp_path, monkey
         run_local(load_config(None, [*base, "algorithm.beta=0.5"]), tmp_path / "without")
     pd.testing.assert_frame_equal(metrics(tmp_path / "beta0"), metrics(tmp_path / "without"))
     m = metrics(tmp_path / "beta05")
-    assert (m["test_accuracy@strong"] == m["test_accuracy"]).all() and (m["test_accuracy@weak"] != m["test_accuracy"]).any()
-    assert metrics(tmp_path / "beta0")["test_accuracy@weak"].tolist() != metrics(tmp_path / "beta05")["test_accuracy@weak"].tolist()
+    assert (m["test_accuracy@strong"] == m["test_accuracy"]).all() and (
+        m["test_accuracy@weak"] != m["test_accuracy"]
+    ).any()
+    assert (
+        metrics(tmp_path / "beta0")["test_accuracy@weak"].tolist()
+        != metrics(tmp_path / "beta05")["test_accuracy@weak"].tolist()
+    )
 
 
 def test_heterofl_at_the_depth_models_parameter_counts():
     # InclusiveFL Sec. 4.1: HeteroFL's widths reduced so each level has the parameters of a depth
     # model (2, 4 and 6 layers); levels dealt by device class, the strongest the global model.
-    cfg = load_config(None, ["algorithm.name=heterofl", "algorithm.levels=a1-b1-c1", "algorithm.match_depths=2-4-6", "algorithm.mode=class", "model.name=transformer", "devices.profile=mobile"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=heterofl",
+            "algorithm.levels=a1-b1-c1",
+            "algorithm.match_depths=2-4-6",
+            "algorithm.mode=class",
+            "model.name=transformer",
+            "devices.profile=mobile",
+        ],
+    )
     fed = build_federation(cfg)
     levels = fed.policy.summary()["levels"]
-    count = lambda **change: sum(p.numel() for p in build_model(cfg.model.model_copy(update=change), fed.context.input_shape, 10).parameters())  # noqa: E731
+    count = lambda **change: sum(
+        p.numel() for p in build_model(cfg.model.model_copy(update=change), fed.context.input_shape, 10).parameters()
+    )  # noqa: E731
     assert levels["a"]["params"] == count(depth=6) and levels["a"]["rate"] == 1.0
     for name, depth in (("b", 4), ("c", 2)):
         target = count(depth=depth)

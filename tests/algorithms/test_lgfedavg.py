@@ -21,8 +21,16 @@ MLP = {"algorithm": {"name": "lgfedavg"}, "model": {"name": "mlp", "hidden": [3]
 
 def context():
     return FederationContext(
-        0, 3, 2, (2,), np.array([10, 30, 5]), lambda: np.zeros((3, 2)), frozenset({"1.weight", "1.bias", "5.weight", "5.bias"}),
-        np.full(3, 2**30), None, cost_of=lambda variant: SimpleNamespace(train_flops=1.0),
+        0,
+        3,
+        2,
+        (2,),
+        np.array([10, 30, 5]),
+        lambda: np.zeros((3, 2)),
+        frozenset({"1.weight", "1.bias", "5.weight", "5.bias"}),
+        np.full(3, 2**30),
+        None,
+        cost_of=lambda variant: SimpleNamespace(train_flops=1.0),
     )
 
 
@@ -36,7 +44,9 @@ def hand(body, top, bias):
 def trained(cid, n, body, top, bias):
     """A result as the engine hands it to a summing policy: theta^l_k kept, theta^g_k summed away."""
     b, t = hand(body, top, bias)
-    return ClientResult(client_id=cid, round=1, weights=t, num_examples=n, num_samples=n, train_loss=0.0, keep={"body": b})
+    return ClientResult(
+        client_id=cid, round=1, weights=t, num_examples=n, num_samples=n, train_loss=0.0, keep={"body": b}
+    )
 
 
 def test_global_keys_are_the_last_weight_layers():
@@ -73,12 +83,28 @@ def test_the_body_persists_per_client_and_only_global_bytes_travel():
     assert (new.body["1.weight"] == 0).all()  # a first selection starts from theta^l_0
     assert set(old.weights) == {"5.weight", "5.bias"} and old.weights["5.bias"].tolist() == [1.0, 2.0]
     _, up = hand(3.0, 3.0, [3, 3])
-    _, down_bytes, up_bytes = policy.client_cost(old, ClientResult(client_id=0, round=2, weights=up, num_examples=10, num_samples=10, train_loss=0.0, keep={"body": b0}))
-    assert (down_bytes, up_bytes) == ((2 * 3 + 2) * 4, (2 * 3 + 2) * 4)  # float32 Linear(3, 2); the body's 36 bytes stay
+    _, down_bytes, up_bytes = policy.client_cost(
+        old,
+        ClientResult(
+            client_id=0, round=2, weights=up, num_examples=10, num_samples=10, train_loss=0.0, keep={"body": b0}
+        ),
+    )
+    assert (down_bytes, up_bytes) == (
+        (2 * 3 + 2) * 4,
+        (2 * 3 + 2) * 4,
+    )  # float32 Linear(3, 2); the body's 36 bytes stay
 
 
 def test_two_rounds_on_digit_shards_give_personal_accuracy():
-    cfg = load_config(None, ["algorithm.name=lgfedavg", "data.partition.kind=shards", "federation.personalize_epochs=1", "federation.local_epochs=1"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=lgfedavg",
+            "data.partition.kind=shards",
+            "federation.personalize_epochs=1",
+            "federation.local_epochs=1",
+        ],
+    )
     fed = build_federation(cfg)
     state = fed.policy.init_state(fed.initial_weights())
     executor = InProcessExecutor(fed)

@@ -17,13 +17,23 @@ from tests.algorithms.tiny import aggregated
 
 def context():
     return FederationContext(
-        0, 3, 2, (2,), np.array([10, 30, 5]), lambda: np.zeros((3, 2)), frozenset({"w"}), np.full(3, 2**30), None,
+        0,
+        3,
+        2,
+        (2,),
+        np.array([10, 30, 5]),
+        lambda: np.zeros((3, 2)),
+        frozenset({"w"}),
+        np.full(3, 2**30),
+        None,
         cost_of=lambda variant: SimpleNamespace(train_flops=7.0),
     )
 
 
 def result(cid, w, n):
-    return ClientResult(client_id=cid, round=1, weights={"w": np.array(w, np.float32)}, num_examples=n, num_samples=n, train_loss=0.0)
+    return ClientResult(
+        client_id=cid, round=1, weights={"w": np.array(w, np.float32)}, num_examples=n, num_samples=n, train_loss=0.0
+    )
 
 
 def test_each_client_keeps_its_own_model_and_new_clients_start_from_w0():
@@ -47,7 +57,12 @@ def test_no_bytes_travel_only_flops():
 
 
 def test_after_two_rounds_a_client_holds_its_continued_training_not_an_average():
-    small = ["data.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=1", "federation.batch_size=64"]
+    small = [
+        "data.num_clients=2",
+        "federation.clients_per_round=2",
+        "federation.local_epochs=1",
+        "federation.batch_size=64",
+    ]
     fed = build_federation(load_config(None, ["algorithm.name=localonly", "model.name=mlp", *small]))
     state = fed.policy.init_state(fed.initial_weights())
     executor = InProcessExecutor(fed)
@@ -65,7 +80,16 @@ def test_after_two_rounds_a_client_holds_its_continued_training_not_an_average()
 
 
 def test_accuracy_is_each_trained_clients_own_model_on_its_own_test_rows():
-    cfg = load_config(None, ["algorithm.name=localonly", "model.name=mlp", "model.hidden=[]", "data.num_clients=4", "federation.clients_per_round=2"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=localonly",
+            "model.name=mlp",
+            "model.hidden=[]",
+            "data.num_clients=4",
+            "federation.clients_per_round=2",
+        ],
+    )
     fed = build_federation(cfg)
     w0 = fed.initial_weights()
     y = fed.evaluator.y.numpy()

@@ -35,7 +35,9 @@ def step(variant, W, batches, alpha, beta):
     model = torch.nn.Linear(1, 2, bias=False, dtype=torch.float64)
     with torch.no_grad():
         model.weight.copy_(torch.tensor(W)[:, None])
-    data = [(torch.tensor([[x]], dtype=torch.float64), torch.tensor([y])) for x, y in batches[: 3 if variant == "hf" else 2]]
+    data = [
+        (torch.tensor([[x]], dtype=torch.float64), torch.tensor([y])) for x, y in batches[: 3 if variant == "hf" else 2]
+    ]
     loss = outer_step(model, torch.optim.SGD(model.parameters(), lr=beta), data, alpha, 1e-3)
     return model.weight.detach().numpy()[:, 0], loss
 
@@ -89,7 +91,17 @@ def test_personalization_takes_exactly_one_alpha_step():
 
 
 def test_two_rounds_on_shards_report_finite_personal_accuracy(tmp_path):
-    cfg = load_config(None, ["algorithm.name=perfedavg", "data.num_clients=5", "federation.clients_per_round=3", "federation.rounds=2", "data.partition.kind=shards", "federation.personalize_epochs=1"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=perfedavg",
+            "data.num_clients=5",
+            "federation.clients_per_round=3",
+            "federation.rounds=2",
+            "data.partition.kind=shards",
+            "federation.personalize_epochs=1",
+        ],
+    )
     run_local(cfg, tmp_path)
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(metrics) == 2

@@ -21,8 +21,15 @@ def fed(tmp_path):
         "  - {name: slow, proportion: 1, flops: [1.0e+8], memory_mb: 64, bandwidth_mbps: [10, 10]}\n"
         "  - {name: fast, proportion: 1, flops: [1.0e+10], memory_mb: 64, bandwidth_mbps: [10, 10]}\n"
     )
-    sets = ["algorithm.name=pyramidfl", "algorithm.oversample=2", "algorithm.explore=0", "model.name=mlp",
-            "data.partition.kind=iid", "federation.clients_per_round=3", f"devices.profile={profile}"]
+    sets = [
+        "algorithm.name=pyramidfl",
+        "algorithm.oversample=2",
+        "algorithm.explore=0",
+        "model.name=mlp",
+        "data.partition.kind=iid",
+        "federation.clients_per_round=3",
+        f"devices.profile={profile}",
+    ]
     return build_federation(load_config(None, sets))
 
 
@@ -60,6 +67,8 @@ def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
 
 
 def test_pyramidfl_trains_end_to_end(tmp_path):
-    summary = run_local(load_config(None, ["algorithm.name=pyramidfl", "model.name=mlp", "federation.rounds=4"]), tmp_path)
+    summary = run_local(
+        load_config(None, ["algorithm.name=pyramidfl", "model.name=mlp", "federation.rounds=4"]), tmp_path
+    )
     assert summary["final_test_accuracy"] > 0.5
     assert pd.read_parquet(tmp_path / "clients.parquet").groupby("round").size().tolist() == [10] * 4

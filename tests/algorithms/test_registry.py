@@ -52,10 +52,20 @@ def trainable(state):
     """Float tensors of the global model and of the models kept per client (Local-only trains
     only those; MergeSFL's per-client statistics are not models), by value rather than by the
     engine's module names (SplitMix keeps K copies)."""
-    out = {k: v for k, v in state.weights.items() if np.issubdtype(np.asarray(v).dtype, np.floating) and not k.endswith(("running_mean", "running_var"))}
+    out = {
+        k: v
+        for k, v in state.weights.items()
+        if np.issubdtype(np.asarray(v).dtype, np.floating) and not k.endswith(("running_mean", "running_var"))
+    }
     for c, kept in state.clients.items():
-        if isinstance(kept, dict) and set(kept) <= set(state.weights):  # a model kept per client, not per-client statistics
-            out.update((f"client {c}/{k}", v) for k, v in kept.items() if np.issubdtype(v.dtype, np.floating) and not k.endswith(("running_mean", "running_var")))
+        if isinstance(kept, dict) and set(kept) <= set(
+            state.weights
+        ):  # a model kept per client, not per-client statistics
+            out.update(
+                (f"client {c}/{k}", v)
+                for k, v in kept.items()
+                if np.issubdtype(v.dtype, np.floating) and not k.endswith(("running_mean", "running_var"))
+            )
     return out
 
 

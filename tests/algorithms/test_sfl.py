@@ -11,7 +11,9 @@ from tests.algorithms.tiny import aggregated
 
 
 def test_sfl_learns_and_counts_features_gradients_and_bottom_models(tmp_path):
-    cfg = load_config(None, ["algorithm.name=sfl", "algorithm.tau=10", "model.name=cnn2", "federation.rounds=4", "federation.lr=0.05"])
+    cfg = load_config(
+        None, ["algorithm.name=sfl", "algorithm.tau=10", "model.name=cnn2", "federation.rounds=4", "federation.lr=0.05"]
+    )
     summary = run_local(cfg, tmp_path)
     assert summary["final_test_accuracy"] > 0.6  # chance is 0.1
     clients = pd.read_parquet(tmp_path / "clients.parquet")
@@ -27,14 +29,26 @@ def test_sfl_learns_and_counts_features_gradients_and_bottom_models(tmp_path):
 
 def test_merged_features_also_learn(tmp_path):
     # One top step per iteration on all 10 workers' features (10x fewer top steps than unmerged).
-    cfg = load_config(None, ["algorithm.name=sfl", "algorithm.merge_features=true", "model.name=cnn2", "federation.rounds=4", "federation.lr=0.05"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=sfl",
+            "algorithm.merge_features=true",
+            "model.name=cnn2",
+            "federation.rounds=4",
+            "federation.lr=0.05",
+        ],
+    )
     run_local(cfg, tmp_path)
     acc = pd.read_parquet(tmp_path / "metrics.parquet")["test_accuracy"]
     assert acc.iloc[-1] > 0.45 and acc.iloc[-1] > acc.iloc[0] + 0.2  # chance is 0.1
 
 
 def test_split_algorithms_need_a_split_model(tmp_path):
-    with pytest.raises(ConfigError, match=r"model.name: sfl needs a model with a split point \(alexnet, cnn1d, cnn2, cnn_h, cnn_s, vgg16\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.name: sfl needs a model with a split point \(alexnet, cnn1d, cnn2, cnn_h, cnn_s, vgg16\)",
+    ):
         run_local(load_config(None, ["algorithm.name=sfl", "model.name=mlp"]), tmp_path)
 
 
@@ -42,7 +56,13 @@ def test_the_emulated_clock_paces_split_rounds(tmp_path):
     # Unpaced, a round here takes about 0.4 s of wall time for about 2 s of virtual time; at
     # clock_scale 0.5 each round must last at least half its virtual duration.
     scale = 0.5
-    sets = ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]
+    sets = [
+        "algorithm.name=mergesfl",
+        "model.name=cnn2",
+        "federation.rounds=3",
+        "clock=emulate",
+        f"clock_scale={scale}",
+    ]
     run_local(load_config(None, sets), tmp_path)
     m = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(m) == 3 and (m["round_time_s"] > 1.0).all()
@@ -80,7 +100,19 @@ def test_the_emulated_clock_holds_a_split_round_from_the_start_of_its_exchange(t
     monkeypatch.setattr(runner.InProcessExecutor, "exchange", timed_exchange)
     monkeypatch.setattr(scheduler, "settle_round", timed_settle)
     monkeypatch.setattr(loop, "evaluate", slow_evaluate)
-    run_local(load_config(None, ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=3", "clock=emulate", f"clock_scale={scale}"]), tmp_path)
+    run_local(
+        load_config(
+            None,
+            [
+                "algorithm.name=mergesfl",
+                "model.name=cnn2",
+                "federation.rounds=3",
+                "clock=emulate",
+                f"clock_scale={scale}",
+            ],
+        ),
+        tmp_path,
+    )
     m = pd.read_parquet(tmp_path / "metrics.parquet").set_index("round")
     assert sorted(spans) == [1, 2, 3]
     for rnd, (start, end) in spans.items():
@@ -93,7 +125,16 @@ def test_a_session_error_fails_the_rounds_workers_and_a_driver_error_ends_the_ru
     # coordinator, so its own error ends the run.
     from rayfl.algorithms import split
 
-    cfg = load_config(None, ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "algorithm.tau=2", "federation.clients_per_round=3"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=sfl",
+            "model.name=cnn2",
+            "federation.rounds=2",
+            "algorithm.tau=2",
+            "federation.clients_per_round=3",
+        ],
+    )
     forward = split.SplitSession.forward
 
     def link_down_in_round_1(self):
@@ -105,7 +146,11 @@ def test_a_session_error_fails_the_rounds_workers_and_a_driver_error_ends_the_ru
     run_local(cfg, tmp_path / "session")
     clients = pd.read_parquet(tmp_path / "session" / "clients.parquet")
     first, second = clients[clients["round"] == 1], clients[clients["round"] == 2]
-    assert len(first) == 3 and (first["status"] == "failed").all() and (first["reason"] == "exchange failed: RuntimeError: link down").all()
+    assert (
+        len(first) == 3
+        and (first["status"] == "failed").all()
+        and (first["reason"] == "exchange failed: RuntimeError: link down").all()
+    )
     assert len(second) == 3 and (second["status"] == "ok").all()
     monkeypatch.setattr(split.SplitSession, "forward", forward)
 
@@ -126,7 +171,14 @@ def test_bottoms_are_averaged_weighted_by_the_samples_they_processed():
     fed = build_federation(load_config(None, ["algorithm.name=sfl", "model.name=cnn2"]))
     policy, state = fed.policy, fed.policy.init_state(fed.initial_weights())
     results = [
-        ClientResult(client_id=c, round=1, weights={k: np.full_like(state.weights[k], v) for k in policy.bottom_keys}, num_examples=50, num_samples=n, train_loss=0.0)
+        ClientResult(
+            client_id=c,
+            round=1,
+            weights={k: np.full_like(state.weights[k], v) for k in policy.bottom_keys},
+            num_examples=50,
+            num_samples=n,
+            train_loss=0.0,
+        )
         for c, v, n in ((0, 1.0, 10), (1, 5.0, 30))
     ]
     new = aggregated(policy, state, 1, results)

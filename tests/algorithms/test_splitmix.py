@@ -19,8 +19,8 @@ from rayfl.algorithms import aggregate
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
-from rayfl.devices.cost import nbytes
 from rayfl.devices import configured_profile
+from rayfl.devices.cost import nbytes
 from rayfl.loader import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -32,12 +32,33 @@ BASES = [1, 2, 3, 6] * 2
 
 def stub_policy(*extra: str) -> SplitMixPolicy:
     # FeDepth's Fair budgets r = 1/6, 1/3, 1/2, 1 (memory_width), one class per client in turn.
-    config = load_config(None, ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=4", *extra])
-    cost = lambda variant: SimpleNamespace(training_memory=lambda batch, slots: 600.0 * variant.rate, train_flops=6.0 * variant.rate, num_params=1)  # noqa: E731
+    config = load_config(
+        None,
+        [
+            "algorithm.name=splitmix",
+            "devices.profile=fedepth_fair",
+            "data.num_clients=8",
+            "federation.clients_per_round=4",
+            *extra,
+        ],
+    )
+    cost = lambda variant: SimpleNamespace(
+        training_memory=lambda batch, slots: 600.0 * variant.rate, train_flops=6.0 * variant.rate, num_params=1
+    )  # noqa: E731
     context = FederationContext(
-        seed=7, num_clients=8, num_classes=10, input_shape=(1, 8, 8), num_examples=np.full(8, 20), label_histogram=lambda: None,
-        param_names=frozenset(), memory_bytes=BUDGETS, test_split=None, cost_of=cost, device_classes=np.arange(8) % 4,
-        profile=configured_profile(config.devices), training_memory=lambda variant: cost(variant).training_memory(20, 0),
+        seed=7,
+        num_clients=8,
+        num_classes=10,
+        input_shape=(1, 8, 8),
+        num_examples=np.full(8, 20),
+        label_histogram=lambda: None,
+        param_names=frozenset(),
+        memory_bytes=BUDGETS,
+        test_split=None,
+        cost_of=cost,
+        device_classes=np.arange(8) % 4,
+        profile=configured_profile(config.devices),
+        training_memory=lambda variant: cost(variant).training_memory(20, 0),
     )
     return SplitMixPolicy(config, context)
 
@@ -45,7 +66,9 @@ def stub_policy(*extra: str) -> SplitMixPolicy:
 def marked_state(policy: SplitMixPolicy):
     """Every tensor of base k filled with k (float32)."""
     state = policy.init_state({})
-    return state.replace(weights={k: np.full(v.shape, float(k.split(".")[0][4:]), np.float32) for k, v in state.weights.items()})
+    return state.replace(
+        weights={k: np.full(v.shape, float(k.split(".")[0][4:]), np.float32) for k, v in state.weights.items()}
+    )
 
 
 def test_shuffle_cycle_balances_first_bases_and_is_pure():
@@ -79,7 +102,12 @@ def test_each_width_trains_its_share_of_the_bases():
         assert {k.split(".")[0] for k in t.weights} == {f"base{b}" for b in t.bases}
         assert len(t.weights) == n * len(state.weights) // 6
         assert all(float(v.flat[0]) == float(k.split(".")[0][4:]) for k, v in t.weights.items())
-        assert policy.client_cost(t, ClientResult(client_id=t.client_id, round=3, weights=t.weights, num_examples=20, num_samples=20, train_loss=0.0)) == (n * 6.0 / 6 * 20, nbytes(t.weights), nbytes(t.weights))
+        assert policy.client_cost(
+            t,
+            ClientResult(
+                client_id=t.client_id, round=3, weights=t.weights, num_examples=20, num_samples=20, train_loss=0.0
+            ),
+        ) == (n * 6.0 / 6 * 20, nbytes(t.weights), nbytes(t.weights))
     # A configured atom of 1/8 makes 8 bases: floor(r * 8) = 1, 2, 4, 8.
     assert stub_policy("algorithm.atom=0.125").counts.tolist() == [1, 2, 4, 8] * 2
 
@@ -91,13 +119,33 @@ def test_each_base_is_averaged_over_its_trainers_by_samples():
 
     def result(client, bases, n, value):
         heads = {f"base{b}" for b in bases}
-        return ClientResult(client_id=client, round=1, weights={k: np.full_like(v, value) for k, v in state.weights.items() if k.split(".")[0] in heads}, num_examples=n, num_samples=n, train_loss=0.0)
+        return ClientResult(
+            client_id=client,
+            round=1,
+            weights={k: np.full_like(v, value) for k, v in state.weights.items() if k.split(".")[0] in heads},
+            num_examples=n,
+            num_samples=n,
+            train_loss=0.0,
+        )
 
     results = [result(1, (0, 2), 10, 1.0), result(2, (2, 3), 30, 5.0)]
     total = aggregate.add_up(policy.summand(r) for r in results)
-    weightless = [ClientResult(client_id=r.client_id, round=1, weights={}, num_examples=r.num_examples, num_samples=r.num_samples, train_loss=0.0) for r in results]  # as the engine passes them
+    weightless = [
+        ClientResult(
+            client_id=r.client_id,
+            round=1,
+            weights={},
+            num_examples=r.num_examples,
+            num_samples=r.num_samples,
+            train_loss=0.0,
+        )
+        for r in results
+    ]  # as the engine passes them
     for new in (aggregated(policy, state, 1, results), policy.aggregate(state, 1, weightless, total)):
-        values = {b: {float(x) for k, v in new.weights.items() if k.startswith(f"base{b}.") for x in np.ravel(v)} for b in range(6)}
+        values = {
+            b: {float(x) for k, v in new.weights.items() if k.startswith(f"base{b}.") for x in np.ravel(v)}
+            for b in range(6)
+        }
         assert values[0] == {1.0}  # client 1 alone
         assert values[2] == {(10 * 1.0 + 30 * 5.0) / 40}  # 4.0, exact in float32
         assert values[3] == {5.0}  # client 2 alone
@@ -138,23 +186,34 @@ def test_config_is_checked(tmp_path):
         load_config(None, ["algorithm.name=splitmix", "model.name=alexnet"])
     with pytest.raises(ConfigError, match="atom"):
         load_config(None, ["algorithm.name=splitmix", "algorithm.atom=0.3"])
-    torch.save({}, tmp_path / "pretrained.pt")  # the bases are drawn by init_state: a pretrained state is refused, not dropped
+    torch.save(
+        {}, tmp_path / "pretrained.pt"
+    )  # the bases are drawn by init_state: a pretrained state is refused, not dropped
     with pytest.raises(ConfigError, match="model.init_weights: splitmix draws its K base networks itself"):
         load_config(None, ["algorithm.name=splitmix", f"model.init_weights={tmp_path / 'pretrained.pt'}"])
 
 
 def test_two_rounds_on_digits_under_fedepth_fair(tmp_path):
-    config = load_config(None, [
-        "algorithm.name=splitmix", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=4",
-        "federation.rounds=2", "federation.local_epochs=1",
-    ])
+    config = load_config(
+        None,
+        [
+            "algorithm.name=splitmix",
+            "devices.profile=fedepth_fair",
+            "data.num_clients=8",
+            "federation.clients_per_round=4",
+            "federation.rounds=2",
+            "federation.local_epochs=1",
+        ],
+    )
     assert config.model.name == "preresnet20"
     summary = run_local(config, tmp_path)
     assert summary["bases"] == 6 and summary["atom"] == pytest.approx(1 / 6)
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     clients = pd.read_parquet(tmp_path / "clients.parquet")
     assert len(metrics) == 2 and np.isfinite(metrics["test_accuracy"]).all()
-    assert {"test_accuracy@0.1667", "test_accuracy@0.3333", "test_accuracy@0.5", "test_accuracy@1"} <= set(metrics.columns)
+    assert {"test_accuracy@0.1667", "test_accuracy@0.3333", "test_accuracy@0.5", "test_accuracy@1"} <= set(
+        metrics.columns
+    )
     assert (clients["status"] == "ok").sum() > 0
     # Fair's widths 1/6, 1/3, 1/2 and 1 train 1, 2, 3 and 6 bases.
     assert set(clients["bases"]) <= {1.0, 2.0, 3.0, 6.0}

@@ -35,14 +35,24 @@ def policy_for(*sets):
 
 
 def result(client, w, n, b=0.0):
-    return ClientResult(client_id=client, round=1, weights={"w": np.array(w, np.float32), "b": np.array([b], np.float32)}, num_examples=n, num_samples=n, train_loss=0.0)
+    return ClientResult(
+        client_id=client,
+        round=1,
+        weights={"w": np.array(w, np.float32), "b": np.array([b], np.float32)},
+        num_examples=n,
+        num_samples=n,
+        train_loss=0.0,
+    )
 
 
 def test_fedasync_mixes_the_new_model_in_by_alpha_times_s():
     # x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = 0.5 * s(3) = 0.5 * (3 + 1)^-0.5 = 0.25
     policy, fed = policy_for("federation.mode=async", "federation.async.rule=fedasync", "federation.async.mixing=0.5")
     state = policy.init_state({"w": np.array([1.0, 2.0], np.float32), "b": np.array([4.0], np.float32)})
-    start = {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}  # FedAsync mixes models: the start plays no part
+    start = {
+        "w": np.zeros(2, np.float32),
+        "b": np.zeros(1, np.float32),
+    }  # FedAsync mixes models: the start plays no part
     mixed = as_current(result(1, [3.0, 6.0], 10, b=8.0), start, state.weights, 3, fed, {"w"})
     new = aggregated(policy, state, 1, [mixed])
     np.testing.assert_array_equal(new.weights["w"], np.array([1.5, 3.0], np.float32))
@@ -56,8 +66,12 @@ def test_fedbuff_steps_by_the_mean_of_staleness_scaled_deltas(server_lr, expecte
     # steps old (s = 1/2): eta (2 + 0, 0 + 2) / 2. Their sizes (10 and 30) play no part.
     policy, fed = policy_for("federation.mode=async", f"algorithm.server_lr={server_lr}")
     state = policy.init_state({"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)})
-    a = as_current(result(0, [3.0, 1.0], 10, b=2.0), {"w": np.ones(2, np.float32), "b": np.zeros(1)}, state.weights, 0, fed, {"w"})
-    b = as_current(result(1, [0.0, 4.0], 30, b=4.0), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"})
+    a = as_current(
+        result(0, [3.0, 1.0], 10, b=2.0), {"w": np.ones(2, np.float32), "b": np.zeros(1)}, state.weights, 0, fed, {"w"}
+    )
+    b = as_current(
+        result(1, [0.0, 4.0], 30, b=4.0), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"}
+    )
     new = aggregated(policy, state, 1, [a, b])
     np.testing.assert_allclose(new.weights["w"], expected, rtol=0, atol=1e-7)
     # buffers (batch-norm statistics) are not moved by deltas: the clients' own values, averaged
@@ -69,7 +83,9 @@ def test_a_carried_deadline_update_keeps_its_weight_among_the_fresh_ones():
     policy, fed = policy_for("federation.mode=deadline", "federation.deadline.late=carry")
     state = policy.init_state({"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)})
     fresh = result(0, [0.0, 2.0], 10)
-    carried = as_current(result(1, [0.0, 4.0], 30), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"})
+    carried = as_current(
+        result(1, [0.0, 4.0], 30), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"}
+    )
     assert carried.num_examples == 30
     new = aggregated(policy, state, 1, [fresh, carried])
     np.testing.assert_allclose(new.weights["w"], [0.0, (10 * 2 + 30 * 2) / 40], atol=1e-7)
@@ -79,4 +95,6 @@ def test_a_sub_model_update_moves_the_current_models_leading_block():
     current = {"w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}
     start, update = {"w": np.array([[0.0]], np.float32)}, {"w": np.array([[2.0]], np.float32)}
     np.testing.assert_array_equal(aggregate.rebase(current, start, update, 0.5, {"w"})["w"], [[2.0]])  # 1 + 0.5 (2 - 0)
-    np.testing.assert_array_equal(aggregate.mix(current, {"w": np.array([[3.0]], np.float32)}, 0.25)["w"], [[1.5]])  # 0.75 + 0.75
+    np.testing.assert_array_equal(
+        aggregate.mix(current, {"w": np.array([[3.0]], np.float32)}, 0.25)["w"], [[1.5]]
+    )  # 0.75 + 0.75

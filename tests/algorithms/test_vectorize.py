@@ -11,8 +11,14 @@ from rayfl.runner import InProcessExecutor
 # Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run
 # out of batches at different steps, so sitting steps out and per-client clipping both matter.
 BASE = [
-    "model.name=mlp", "data.num_clients=30", "federation.clients_per_round=10", "federation.local_epochs=2",
-    "federation.momentum=0.9", "federation.weight_decay=0.001", "federation.grad_clip=0.5", "federation.lr=0.05",
+    "model.name=mlp",
+    "data.num_clients=30",
+    "federation.clients_per_round=10",
+    "federation.local_epochs=2",
+    "federation.momentum=0.9",
+    "federation.weight_decay=0.001",
+    "federation.grad_clip=0.5",
+    "federation.lr=0.05",
 ]
 
 
@@ -32,10 +38,23 @@ def one_round(sets):
         ["federation.optimizer=adam", "federation.momentum=0", "federation.lr=0.005"],
         ["federation.grad_clip={kind: value, max: 0.01}"],
         # depth groups of a transformer: clients of one stack have different depths (one vmap group each)
-        ["algorithm.name=inclusivefl", "model.name=transformer", "model.width=8", "model.heads=2", "model.ffn=8", "devices.profile=mobile"],
+        [
+            "algorithm.name=inclusivefl",
+            "model.name=transformer",
+            "model.width=8",
+            "model.heads=2",
+            "model.ffn=8",
+            "devices.profile=mobile",
+        ],
         # width levels: clients of one width train together, each with its own label mask (-inf
         # takes absent classes out of the softmax, so a wrong client's mask changes the loss)
-        ["algorithm.name=heterofl", "algorithm.levels=a1-c1", "algorithm.mask=-inf", "model.norm=none", "data.partition={kind: shards, classes_per_client: 2}"],
+        [
+            "algorithm.name=heterofl",
+            "algorithm.levels=a1-c1",
+            "algorithm.mask=-inf",
+            "model.norm=none",
+            "data.partition={kind: shards, classes_per_client: 2}",
+        ],
     ],
     ids=["fedavg-sgd", "fedprox", "adam", "clip-by-value", "inclusivefl-transformer", "heterofl-masked"],
 )
@@ -46,7 +65,9 @@ def test_vectorized_clients_equal_sequential_ones(extra):
     assert len(set(sizes)) > 3  # clients of unequal sizes
     assert [r["num_samples"] for r in vec.clients] == sizes
     assert [r["status"] for r in vec.clients] == ["ok"] * 10
-    np.testing.assert_allclose([r["train_loss"] for r in vec.clients], [r["train_loss"] for r in seq.clients], rtol=1e-4)
+    np.testing.assert_allclose(
+        [r["train_loss"] for r in vec.clients], [r["train_loss"] for r in seq.clients], rtol=1e-4
+    )
     fed = build_federation(load_config(None, [*BASE, *extra]))
     initial = fed.policy.init_state(fed.initial_weights()).weights
     for k, w in seq.state.weights.items():
@@ -56,7 +77,9 @@ def test_vectorized_clients_equal_sequential_ones(extra):
 
 def test_a_diverging_client_fails_alike():
     seq, vec = (one_round([*BASE, "federation.lr=1e6", *extra]) for extra in ([], ["ray.vectorize=10"]))
-    assert [(r["status"], r["reason"], r["num_samples"]) for r in vec.clients] == [(r["status"], r["reason"], r["num_samples"]) for r in seq.clients]
+    assert [(r["status"], r["reason"], r["num_samples"]) for r in vec.clients] == [
+        (r["status"], r["reason"], r["num_samples"]) for r in seq.clients
+    ]
     assert {r["status"] for r in vec.clients} == {"failed"}
 
 
@@ -138,14 +161,20 @@ def test_clients_per_call_auto_gives_a_gpu_actor_its_share_of_the_round(sets, ex
 def test_vectorize_auto_fills_a_gpu_actors_memory_share_and_stays_sequential_elsewhere():
     from rayfl.engine.host import VECTORIZE_HEADROOM, vectorize_width
 
-    fed = build_federation(load_config(None, ["model.name=mlp", "ray.gpus_per_actor=1", "federation.clients_per_round=10"]))
+    fed = build_federation(
+        load_config(None, ["model.name=mlp", "ray.gpus_per_actor=1", "federation.clients_per_round=10"])
+    )
     each = fed.context.training_memory(fed.config.model)
     assert fed.vectorizable and fed.config.call_size == 10
     assert vectorize_width(fed, "cpu", None) == 1  # CPU actors and in-process runs train one at a time
-    assert vectorize_width(fed, "cuda", 3.5 * each / VECTORIZE_HEADROOM) == 3  # three clients' training memory fit the share
+    assert (
+        vectorize_width(fed, "cuda", 3.5 * each / VECTORIZE_HEADROOM) == 3
+    )  # three clients' training memory fit the share
     assert vectorize_width(fed, "cuda", 100 * each) == 10  # never wider than a call
     assert vectorize_width(fed, "cuda", 0.5 * each) == 1
-    with_bn = build_federation(load_config(None, ["model.name=cnn", "ray.gpus_per_actor=1"]))  # batch norm: cannot vectorize
+    with_bn = build_federation(
+        load_config(None, ["model.name=cnn", "ray.gpus_per_actor=1"])
+    )  # batch norm: cannot vectorize
     assert not with_bn.vectorizable and vectorize_width(with_bn, "cuda", 100 * each) == 1
     fixed = build_federation(load_config(None, ["model.name=mlp", "ray.vectorize=4"]))
     assert vectorize_width(fixed, "cpu", None) == 4

@@ -14,13 +14,25 @@ def aggregated(policy, state, rnd, results):
     results as they are and an empty total."""
     if not policy.sums:
         return policy.aggregate(state, rnd, results, {})
-    return policy.aggregate(state, rnd, [r.replace(weights={}) for r in results], add_up(policy.summand(r) for r in results))
+    return policy.aggregate(
+        state, rnd, [r.replace(weights={}) for r in results], add_up(policy.summand(r) for r in results)
+    )
 
 
 def context(num_examples=(10, 30, 5), test_split=None, cost_of=None):
     n = len(num_examples)
-    return FederationContext(0, n, 2, (1,), np.array(num_examples), lambda: np.ones((n, 2)), frozenset({"w"}), np.full(n, 2**30), test_split, cost_of=cost_of)
-
+    return FederationContext(
+        0,
+        n,
+        2,
+        (1,),
+        np.array(num_examples),
+        lambda: np.ones((n, 2)),
+        frozenset({"w"}),
+        np.full(n, 2**30),
+        test_split,
+        cost_of=cost_of,
+    )
 
 
 class TinyClients:

@@ -20,7 +20,13 @@ SHAPES = ("circle", "square", "stripe")  # imagefolder's ClassLabel ids: the sor
 def draw(label: str, g: np.random.Generator) -> np.ndarray:
     a = np.zeros((12, 12), np.uint8)
     yy, xx = np.mgrid[:12, :12]
-    a[{"circle": (yy - 6) ** 2 + (xx - 6) ** 2 < 16, "square": (abs(yy - 6) < 3) & (abs(xx - 6) < 3), "stripe": xx % 3 == 0}[label]] = 255
+    a[
+        {
+            "circle": (yy - 6) ** 2 + (xx - 6) ** 2 < 16,
+            "square": (abs(yy - 6) < 3) & (abs(xx - 6) < 3),
+            "stripe": xx % 3 == 0,
+        }[label]
+    ] = 255
     return np.clip(a.astype(int) + g.integers(0, 60, a.shape), 0, 255).astype(np.uint8)
 
 
@@ -39,7 +45,10 @@ def image_folder(tmp_path_factory):
 def text_csv(tmp_path_factory):
     root, g = tmp_path_factory.mktemp("texts"), np.random.default_rng(1)
     words = {"pos": ["good", "great", "fine", "lovely"], "neg": ["bad", "awful", "poor", "dull"]}
-    rows = [{"text": " ".join(g.choice(words[lab], 3)) + " movie", "label": lab, "writer": f"w{i % 5}"} for i, lab in enumerate(["pos", "neg"] * 40)]
+    rows = [
+        {"text": " ".join(g.choice(words[lab], 3)) + " movie", "label": lab, "writer": f"w{i % 5}"}
+        for i, lab in enumerate(["pos", "neg"] * 40)
+    ]
     pd.DataFrame(rows).to_csv(root / "reviews.csv", index=False)
     return root / "reviews.csv"
 
@@ -59,11 +68,43 @@ def test_an_image_folder_loads_with_its_folder_labels(image_folder):
 
 
 def test_rayfl_run_on_an_image_folder_and_a_text_csv(image_folder, text_csv, tmp_path):
-    common = ["federation.rounds=5", "data.num_clients=4", "federation.clients_per_round=4", "data.partition.kind=iid", "model.name=mlp", "federation.local_epochs=2"]
+    common = [
+        "federation.rounds=5",
+        "data.num_clients=4",
+        "federation.clients_per_round=4",
+        "data.partition.kind=iid",
+        "model.name=mlp",
+        "federation.local_epochs=2",
+    ]
     sets = lambda items: [a for s in items for a in ("--set", s)]  # noqa: E731
-    assert main(["run", "--local", "--out", str(tmp_path / "img"), *sets(hf(image_folder, "data.features.image=image", *common))]) == 0
-    assert main(["run", "--local", "--out", str(tmp_path / "txt"), *sets(hf(text_csv, "data.features.text=text", *common, "federation.lr=0.5"))]) == 0
-    for run in ("img", "txt"):  # hashed texts are l2-normed over 1024 features: small inputs, a larger rate (at 0.05 the loss falls 0.696 -> 0.670 in 20 rounds)
+    assert (
+        main(
+            [
+                "run",
+                "--local",
+                "--out",
+                str(tmp_path / "img"),
+                *sets(hf(image_folder, "data.features.image=image", *common)),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "run",
+                "--local",
+                "--out",
+                str(tmp_path / "txt"),
+                *sets(hf(text_csv, "data.features.text=text", *common, "federation.lr=0.5")),
+            ]
+        )
+        == 0
+    )
+    for run in (
+        "img",
+        "txt",
+    ):  # hashed texts are l2-normed over 1024 features: small inputs, a larger rate (at 0.05 the loss falls 0.696 -> 0.670 in 20 rounds)
         assert pd.read_parquet(tmp_path / run / "metrics.parquet")["test_accuracy"].iloc[-1] > 0.9
 
 
@@ -73,14 +114,30 @@ def test_partitions_agree_with_the_labels_and_the_client_column(text_csv):
     data = load_dataset(cfg.data, 0)
     # Dirichlet: every training sample dealt once, each client's labels those of its samples.
     assert np.array_equal(clients.label_histogram().sum(axis=0), np.bincount(data.y_train, minlength=2))
-    assert (clients.label_histogram().max(axis=1) >= 0.8 * clients.sizes()).sum() >= 3  # alpha 0.05: nearly one class each
-    natural = load_config(None, hf(text_csv, "data.features.text=text", "data.num_clients=5", "data.partition={kind: natural, by: writer}"))
+    assert (
+        clients.label_histogram().max(axis=1) >= 0.8 * clients.sizes()
+    ).sum() >= 3  # alpha 0.05: nearly one class each
+    natural = load_config(
+        None,
+        hf(text_csv, "data.features.text=text", "data.num_clients=5", "data.partition={kind: natural, by: writer}"),
+    )
     clients = load_clients(natural.data, 0)
     writers = np.asarray(data.columns["writer"])
     assert [sorted(set(writers[clients.indices(k)])) for k in range(5)] == [[f"w{k}"] for k in range(5)]
     assert clients.sizes().sum() == len(writers)
     with pytest.raises(ConfigError, match=r"^data.num_clients: 6 clients, but column 'writer' has 5 distinct values"):
-        load_clients(load_config(None, hf(text_csv, "data.features.text=text", "data.num_clients=6", "data.partition={kind: natural, by: writer}")).data, 0)
+        load_clients(
+            load_config(
+                None,
+                hf(
+                    text_csv,
+                    "data.features.text=text",
+                    "data.num_clients=6",
+                    "data.partition={kind: natural, by: writer}",
+                ),
+            ).data,
+            0,
+        )
 
 
 def test_a_flower_partitioner_assigns_the_rows_it_returns(text_csv, monkeypatch):
@@ -95,12 +152,25 @@ def test_a_flower_partitioner_assigns_the_rows_it_returns(text_csv, monkeypatch)
     module.EveryKth = EveryKth
     monkeypatch.setitem(sys.modules, "flwr_datasets", types.ModuleType("flwr_datasets"))
     monkeypatch.setitem(sys.modules, "flwr_datasets.partitioner", module)
-    cfg = load_config(None, hf(text_csv, "data.features.text=text", "data.num_clients=3", "data.partition={kind: flwr, partitioner: EveryKth, offset: 1}"))
+    cfg = load_config(
+        None,
+        hf(
+            text_csv,
+            "data.features.text=text",
+            "data.num_clients=3",
+            "data.partition={kind: flwr, partitioner: EveryKth, offset: 1}",
+        ),
+    )
     clients = load_clients(cfg.data, 0)
     n = len(load_dataset(cfg.data, 0).y_train)
     assert [clients.indices(k).tolist() for k in range(3)] == [list(range((k + 1) % 3, n, 3)) for k in range(3)]
     with pytest.raises(ConfigError, match=r"^data.partition.partitioner: flwr_datasets.partitioner has no 'Nope'"):
-        load_clients(load_config(None, hf(text_csv, "data.features.text=text", "data.partition={kind: flwr, partitioner: Nope}")).data, 0)
+        load_clients(
+            load_config(
+                None, hf(text_csv, "data.features.text=text", "data.partition={kind: flwr, partitioner: Nope}")
+            ).data,
+            0,
+        )
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,11 @@ def test_every_sample_goes_to_exactly_one_client(digits, spec):
 
 def test_balanced_partitions_give_equal_sizes(digits):
     n = len(digits.y_train)
-    for spec in ({"kind": "iid"}, {"kind": "dirichlet", "alpha": 0.3, "balanced": True}, {"kind": "noniid_level", "p": 5}):
+    for spec in (
+        {"kind": "iid"},
+        {"kind": "dirichlet", "alpha": 0.3, "balanced": True},
+        {"kind": "noniid_level", "p": 5},
+    ):
         sizes = partition(digits, cfg(**spec), seed=0).sizes()
         assert sizes.max() - sizes.min() <= 1 and sizes.sum() == n
 
@@ -57,7 +61,9 @@ def test_dirichlet_label_skew_grows_as_alpha_shrinks(digits, balanced):
         values = []
         for seed in range(5):
             g = np.random.default_rng(seed)
-            parts = dirichlet_balanced(y, 20, alpha, g, 10) if balanced else dirichlet_unbalanced(y, 20, alpha, 1, g, 10)
+            parts = (
+                dirichlet_balanced(y, 20, alpha, g, 10) if balanced else dirichlet_unbalanced(y, 20, alpha, 1, g, 10)
+            )
             values.append(skew(np.stack([np.bincount(y[p], minlength=10) for p in parts])))
         mean_skew.append(np.mean(values))
     assert mean_skew[0] < mean_skew[1] < mean_skew[2]
@@ -104,7 +110,10 @@ def test_shards_hand_example():
 
 def test_shards_need_a_whole_number_of_shards_per_class(digits):
     data = parse_config(
-        {"data": {"num_clients": 7, "partition": {"kind": "shards", "classes_per_client": 3}}, "federation": {"clients_per_round": 5}}
+        {
+            "data": {"num_clients": 7, "partition": {"kind": "shards", "classes_per_client": 3}},
+            "federation": {"clients_per_round": 5},
+        }
     ).data
     with pytest.raises(ConfigError, match="classes_per_client: 3 x 7 clients must be a multiple of the 10 classes"):
         partition(digits, data, seed=0)

@@ -23,7 +23,12 @@ def test_mnist1d_is_generated_locally():
 
 
 def test_synthetic_clients_are_generated_on_demand_from_their_own_keys():
-    data = parse_config({"data": {"name": "synthetic", "num_clients": 8, "synthetic": {"alpha": 1, "beta": 1}}, "federation": {"clients_per_round": 4}}).data
+    data = parse_config(
+        {
+            "data": {"name": "synthetic", "num_clients": 8, "synthetic": {"alpha": 1, "beta": 1}},
+            "federation": {"clients_per_round": 4},
+        }
+    ).data
     assert data.partition.kind == "natural"  # the source's own partition when none is named
     clients = load_clients(data, seed=0)
     assert clients.input_shape == (60,) and clients.num_clients == 8
@@ -39,12 +44,21 @@ def test_synthetic_clients_are_generated_on_demand_from_their_own_keys():
     # Different clients follow different models: their label mixes differ.
     hist = clients.label_histogram() / clients.sizes()[:, None]
     assert np.abs(hist[0] - hist[1]).sum() > 0.2
-    with pytest.raises(ConfigError, match="data.partition.kind: synthetic generates each client's own data; use natural"):
+    with pytest.raises(
+        ConfigError, match="data.partition.kind: synthetic generates each client's own data; use natural"
+    ):
         load_clients(parse_config({"data": {"name": "synthetic", "partition": {"kind": "iid"}}}).data, seed=0)
 
 
 def test_a_sampled_partition_draws_each_client_when_asked(digits):
-    data = parse_config({"data": {"num_clients": 1_000_000, "partition": {"kind": "sampled", "mix": "dirichlet", "alpha": 0.1, "size": 40}}}).data
+    data = parse_config(
+        {
+            "data": {
+                "num_clients": 1_000_000,
+                "partition": {"kind": "sampled", "mix": "dirichlet", "alpha": 0.1, "size": 40},
+            }
+        }
+    ).data
     clients = partition(digits, data, seed=0)
     assert clients.sizes().shape == (1_000_000,) and (clients.sizes() == 40).all()
     idx = clients.indices(999_999)
@@ -52,7 +66,11 @@ def test_a_sampled_partition_draws_each_client_when_asked(digits):
     assert np.array_equal(idx, partition(digits, data, seed=0).indices(999_999))  # keyed by (seed, client)
     mixes = [np.bincount(digits.y_train[clients.indices(k)], minlength=10) for k in range(20)]
     assert np.mean([m.max() for m in mixes]) > 20  # Dir(0.1): most of a client's samples in one class
-    iid = partition(digits, parse_config({"data": {"num_clients": 50, "partition": {"kind": "sampled", "mix": "iid", "size": 40}}}).data, seed=0)
+    iid = partition(
+        digits,
+        parse_config({"data": {"num_clients": 50, "partition": {"kind": "sampled", "mix": "iid", "size": 40}}}).data,
+        seed=0,
+    )
     assert np.mean([np.bincount(digits.y_train[iid.indices(k)], minlength=10).max() for k in range(20)]) < 12
 
 

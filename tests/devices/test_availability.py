@@ -25,7 +25,9 @@ def test_diurnal_availability_matches_its_on_fraction_and_session_length():
     t = 86400 * 1.5
     on = np.array([d.online(0, t + k * 300) for k in range(12)]).mean(0)
     offset = np.cos(2 * np.pi * (t / 86400 - d.phase))
-    assert on[offset > 0.95].mean() == pytest.approx(0.54, abs=0.05) and on[offset < -0.95].mean() == pytest.approx(0.06, abs=0.03)
+    assert on[offset > 0.95].mean() == pytest.approx(0.54, abs=0.05) and on[offset < -0.95].mean() == pytest.approx(
+        0.06, abs=0.03
+    )
     # Sessions are geometric in slots with mean session_s.
     dev, start, end = Diurnal(DiurnalAvailability(**DAY), 1000, seed=0).sessions(4 * 86400)
     inside = end < 4 * 86400  # sessions cut by the span's end are shorter
@@ -51,7 +53,11 @@ def test_a_day_cycle_too_steep_for_its_sessions_is_refused():
 
 def test_trace_windows_repeat_every_period_and_give_the_interval_ends():
     # Device 0: online [10, 20) and [30, 40), period 50; device 1: [0, 5), period 100.
-    w = TraceWindows(np.array([0, 1, 0]), (np.array([0, 0, 1]), np.array([30.0, 10.0, 0.0]), np.array([40.0, 20.0, 5.0])), np.array([50.0, 100.0]))
+    w = TraceWindows(
+        np.array([0, 1, 0]),
+        (np.array([0, 0, 1]), np.array([30.0, 10.0, 0.0]), np.array([40.0, 20.0, 5.0])),
+        np.array([50.0, 100.0]),
+    )
     assert w.online(0, 15.0).tolist() == [True, False, True]
     assert w.online(0, 63.0).tolist() == [True, False, True]  # 63 mod 50 = 13
     assert w.online(0, 102.0).tolist() == [False, True, False]  # device 1: 102 mod 100 = 2

@@ -14,7 +14,14 @@ HAND = {
     "mode_period": 0,
     "classes": [
         {"name": "slow", "proportion": 1, "flops": [1e9], "memory_mb": 64, "bandwidth_mbps": [8, 8]},
-        {"name": "fast", "proportion": 1, "flops": [4e9], "memory_mb": 256, "bandwidth_mbps": [16, 16], "latency_ms": 10},
+        {
+            "name": "fast",
+            "proportion": 1,
+            "flops": [4e9],
+            "memory_mb": 256,
+            "bandwidth_mbps": [16, 16],
+            "latency_ms": 10,
+        },
     ],
 }
 
@@ -40,7 +47,9 @@ def test_jetson_population_has_the_testbed_mix_and_a_100x_spread():
     assert Counter(pop.device_class(k).name for k in range(80)) == {"tx2": 30, "nx": 40, "agx": 10}
     speeds = [f for c in profile.classes for f in c.flops]
     assert max(speeds) / min(speeds) == pytest.approx(100)
-    assert all(1e6 <= pop.state(k, r).down_bps == pop.state(k, r).up_bps <= 30e6 for k in range(80) for r in range(1, 4))
+    assert all(
+        1e6 <= pop.state(k, r).down_bps == pop.state(k, r).up_bps <= 30e6 for k in range(80) for r in range(1, 4)
+    )
 
 
 def test_modes_change_only_every_mode_period_rounds():
@@ -82,14 +91,20 @@ def test_availability_is_seeded_per_round():
     profile = DeviceProfile.model_validate({**HAND, "classes": [{**HAND["classes"][0], "availability": 0.5}]})
     pop = Population(profile, 200, seed=0)
     online = pop.available(3)
-    assert 60 < len(online) < 140 and online.tolist() == pop.available(3).tolist() and online.tolist() != pop.available(4).tolist()
+    assert (
+        60 < len(online) < 140
+        and online.tolist() == pop.available(3).tolist()
+        and online.tolist() != pop.available(4).tolist()
+    )
     # Online, a client stays so through the round: it never drops mid-task.
     assert all(pop.until(c, 3, 0.0, 1e9) == float("inf") for c in online)
 
 
 def test_profile_errors_name_the_file_and_key(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("name: mine\nclasses:\n  - {name: a, proportion: 1, flops: [1.0e9], memory_mb: 1, bandwidth_mbps: [5, 1]}\n")
+    path.write_text(
+        "name: mine\nclasses:\n  - {name: a, proportion: 1, flops: [1.0e9], memory_mb: 1, bandwidth_mbps: [5, 1]}\n"
+    )
     with pytest.raises(ConfigError, match="mine.yaml: classes.0: .*bandwidth_mbps"):
         load_profile(str(path))
     with pytest.raises(ConfigError, match="devices.profile: 'nowhere' is neither"):
@@ -107,7 +122,9 @@ def test_a_mix_replaces_the_class_proportions_and_drops_zero_classes():
 
 
 def test_a_mix_of_the_wrong_length_or_shape_names_the_field():
-    with pytest.raises(ConfigError, match=r"devices.mix: '1:1' has 2 numbers; profile 'jetson' has 3 classes \(tx2:nx:agx\)"):
+    with pytest.raises(
+        ConfigError, match=r"devices.mix: '1:1' has 2 numbers; profile 'jetson' has 3 classes \(tx2:nx:agx\)"
+    ):
         with_mix(load_profile("jetson"), "1:1")
     with pytest.raises(ConfigError, match="devices.mix: .*'1:x:2'"):
         parse_config({"devices": {"mix": "1:x:2"}})

@@ -39,7 +39,9 @@ def test_flops_of_each_layer_kind_equal_the_hand_formula(name, layer, shape, for
 def test_a_depthwise_separable_block_trains_at_three_times_its_forward():
     """The case torch's counter got wrong (its weight gradient counted as a dense convolution:
     about 22x the forward for FedSup's biggest child)."""
-    block = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=64), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 32, 1))
+    block = nn.Sequential(
+        nn.Conv2d(64, 64, 3, padding=1, groups=64), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 32, 1)
+    )
     x = torch.randn(2, 64, 4, 4, requires_grad=True)
     forward = conv_forward(64, 64, 9, 16, 64) + conv_forward(64, 32, 1, 16, 1)
     assert flops_on(block, x, train=False) == forward

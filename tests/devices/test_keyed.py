@@ -24,7 +24,10 @@ def test_a_keyed_permutation_depends_on_its_key_and_looks_shuffled():
     assert not np.array_equal(a, rng.KeyedPermutation(10_000, 1, "devices")(points))
     assert not np.array_equal(a, rng.KeyedPermutation(10_000, 0, "other")(points))
     assert abs(stats.spearmanr(points, a).statistic) < 0.05  # no trace of the identity's order
-    assert np.array_equal(rng.KeyedPermutation(10**9, 0, "devices")(np.array([5, 7])), rng.KeyedPermutation(10**9, 0, "devices")(np.array([7, 5]))[::-1])
+    assert np.array_equal(
+        rng.KeyedPermutation(10**9, 0, "devices")(np.array([5, 7])),
+        rng.KeyedPermutation(10**9, 0, "devices")(np.array([7, 5]))[::-1],
+    )
 
 
 def test_keyed_uniforms_are_uniform_and_a_function_of_the_client_alone():
@@ -47,7 +50,9 @@ def test_keyed_classes_keep_the_profiles_exact_proportions(keyed, monkeypatch):
     monkeypatch.setattr(rng, "EAGER_CLIENTS", 10**7)
     dealt = Population(profile, 1001, seed=0).class_of
     assert isinstance(dealt, np.ndarray) and not np.array_equal(dealt, classes)  # another shuffle ...
-    assert np.bincount(classes).tolist() == np.bincount(dealt).tolist()  # ... of the same exact counts (largest remainder)
+    assert (
+        np.bincount(classes).tolist() == np.bincount(dealt).tolist()
+    )  # ... of the same exact counts (largest remainder)
     assert [pop.class_of[k] for k in (0, 500, 1000)] == classes[[0, 500, 1000]].tolist()
     assert pop.device_class(7).name == profile.classes[classes[7]].name
     assert pop.static and len(pop.available(1)) == 1001

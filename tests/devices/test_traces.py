@@ -27,23 +27,45 @@ def test_a_generated_trace_is_heavy_tailed_diurnal_and_valid(tmp_path):
 
 def write(tmp_path, devices=None, intervals=None):
     d, iv = generate_trace(5, days=1)
-    return write_trace(devices if devices is not None else d, intervals if intervals is not None else iv, tmp_path / "bad")
+    return write_trace(
+        devices if devices is not None else d, intervals if intervals is not None else iv, tmp_path / "bad"
+    )
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
         (lambda d, iv: (d.drop(columns="up_bps"), iv), "devices.parquet: missing column up_bps"),
-        (lambda d, iv: (d.assign(flops_per_s=d["flops_per_s"] * [1, 1, -1, 1, 1]), iv), "devices.parquet: column flops_per_s: .* for device_id 2 .must be a finite number > 0"),
-        (lambda d, iv: (d, iv.assign(online_to_s=iv["online_from_s"] - 1)), "intervals.parquet: column online_to_s: .*an interval must end after it starts"),
-        (lambda d, iv: (d, iv.assign(device_id=iv["device_id"] + 100)), "intervals.parquet: column device_id: .*not in devices.parquet"),
+        (
+            lambda d, iv: (d.assign(flops_per_s=d["flops_per_s"] * [1, 1, -1, 1, 1]), iv),
+            "devices.parquet: column flops_per_s: .* for device_id 2 .must be a finite number > 0",
+        ),
+        (
+            lambda d, iv: (d, iv.assign(online_to_s=iv["online_from_s"] - 1)),
+            "intervals.parquet: column online_to_s: .*an interval must end after it starts",
+        ),
+        (
+            lambda d, iv: (d, iv.assign(device_id=iv["device_id"] + 100)),
+            "intervals.parquet: column device_id: .*not in devices.parquet",
+        ),
     ],
     ids=["missing-column", "negative-speed", "interval-backwards", "unknown-device"],
 )
 def test_a_bad_trace_is_one_line_exit_2_before_anything_is_written(tmp_path, capsys, change, message):
     trace = write(tmp_path, *change(*generate_trace(5, days=1)))
     out = tmp_path / "run"
-    code = main(["run", "--local", "--set", f"devices.trace={trace}", "--set", "devices.availability.kind=trace", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--local",
+            "--set",
+            f"devices.trace={trace}",
+            "--set",
+            "devices.availability.kind=trace",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and not out.exists()
     assert re.search(message, err), err
@@ -57,9 +79,19 @@ def test_an_unknown_availability_kind_is_refused_naming_the_key(capsys):
 def fedscale_files(tmp_path):
     # FedScale's structure: {client_id: {'computation': ms per sample, 'communication': kbit/s}}
     # and {client_id: {'active': [...], 'inactive': [...], 'finish_time': s, 'duration', 'model'}}.
-    capacity = {1: {"computation": 50.0, "communication": 5648.1}, 2: {"computation": 162.0, "communication": 800.0}, 3: {"computation": 20.0, "communication": 20000.0}}
+    capacity = {
+        1: {"computation": 50.0, "communication": 5648.1},
+        2: {"computation": 162.0, "communication": 800.0},
+        3: {"computation": 20.0, "communication": 20000.0},
+    }
     behave = {
-        107: {"duration": 300, "inactive": [200, 1000], "finish_time": 86400, "active": [100, 800], "model": "SM-G611MT"},
+        107: {
+            "duration": 300,
+            "inactive": [200, 1000],
+            "finish_time": 86400,
+            "active": [100, 800],
+            "model": "SM-G611MT",
+        },
         9: {"duration": 50, "inactive": [60], "finish_time": 172800, "active": [10], "model": "CPH1801"},
     }
     paths = tmp_path / "client_device_capacity", tmp_path / "client_behave_trace"
@@ -76,7 +108,11 @@ def test_fedscale_files_convert_to_the_trace_format_and_back_to_the_same_numbers
     # Back: computation = reference FLOPs / FLOP/s in ms; communication = bits/s / 1024.
     for cid, entry in capacity.items():
         assert REFERENCE_FLOPS / d.loc[cid, "flops_per_s"] * 1000 == pytest.approx(entry["computation"], rel=1e-12)
-        assert d.loc[cid, "up_bps"] / 1024 == d.loc[cid, "down_bps"] / 1024 == pytest.approx(entry["communication"], rel=1e-12)
+        assert (
+            d.loc[cid, "up_bps"] / 1024
+            == d.loc[cid, "down_bps"] / 1024
+            == pytest.approx(entry["communication"], rel=1e-12)
+        )
     # Device i takes the behaviour of the (i mod 2)-th client: 1 -> 107, 2 -> 9, 3 -> 107.
     keys = list(behave)
     for i, cid in enumerate(capacity):
@@ -124,8 +160,25 @@ def test_fedscale_keys_must_be_whole_numbers(tmp_path, capsys):
 def test_a_trace_runs_with_its_devices_and_intervals(tmp_path):
     d, iv = generate_trace(50, days=1)
     write_trace(d, iv, tmp_path / "t")
-    assert main(["run", "--local", "--set", f"devices.trace={tmp_path / 't'}", "--set", "devices.availability.kind=trace", "--set", "federation.rounds=2",
-                 "--set", "metrics.tensorboard=false", "--out", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--local",
+                "--set",
+                f"devices.trace={tmp_path / 't'}",
+                "--set",
+                "devices.availability.kind=trace",
+                "--set",
+                "federation.rounds=2",
+                "--set",
+                "metrics.tensorboard=false",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     clients = pd.read_parquet(tmp_path / "run" / "clients.parquet")
     by_id = d.set_index("device_id")
     dev = clients["device"].str.removeprefix("trace:").astype(int)

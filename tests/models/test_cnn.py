@@ -43,7 +43,17 @@ def test_flops_and_params_match_hand_counts(rate, table_params):
     assert abs(cost.forward_flops - (80.5e6 if rate == 1 else 400e3)) / (80.5e6 if rate == 1 else 400e3) < 0.1
 
 
-@pytest.mark.parametrize("norm, cls", [("bn", nn.BatchNorm2d), ("sbn", nn.BatchNorm2d), ("gn", nn.GroupNorm), ("in", nn.GroupNorm), ("ln", nn.GroupNorm), ("none", None)])
+@pytest.mark.parametrize(
+    "norm, cls",
+    [
+        ("bn", nn.BatchNorm2d),
+        ("sbn", nn.BatchNorm2d),
+        ("gn", nn.GroupNorm),
+        ("in", nn.GroupNorm),
+        ("ln", nn.GroupNorm),
+        ("none", None),
+    ],
+)
 def test_norm_options(norm, cls):
     model = build_model(CnnConfig(norm=norm, rate=0.25), (1, 8, 8), 10)
     norms = [m for m in model.modules() if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm))]

@@ -20,7 +20,11 @@ def test_transformer_parameters_match_a_hand_count():
 
 @pytest.mark.parametrize(
     "config, shape",
-    [(TransformerConfig(width=8, heads=2, ffn=8, depth=5), (1, 40)), (ResStackConfig(width=4, depth=5), (1, 40)), (ResStackConfig(width=4, depth=5), (1, 8, 8))],
+    [
+        (TransformerConfig(width=8, heads=2, ffn=8, depth=5), (1, 40)),
+        (ResStackConfig(width=4, depth=5), (1, 40)),
+        (ResStackConfig(width=4, depth=5), (1, 8, 8)),
+    ],
 )
 def test_a_shallow_model_is_the_bottom_of_a_deep_one(config, shape):
     torch.manual_seed(0)
@@ -33,7 +37,9 @@ def test_a_shallow_model_is_the_bottom_of_a_deep_one(config, shape):
     expected = {k for k in deep_state if (layer_of(k, config.layer_prefix) or (0, ""))[0] < 2}
     assert set(shallow_state) == expected
     assert all(shallow_state[k].shape == deep_state[k].shape for k in expected)
-    assert any(is_head(k) for k in expected) and not any(is_head(k) for k in expected if layer_of(k, config.layer_prefix))
+    assert any(is_head(k) for k in expected) and not any(
+        is_head(k) for k in expected if layer_of(k, config.layer_prefix)
+    )
     # loaded with the deep model's tensors it computes the deep model cut after two layers
     shallow.load_state_dict({k: deep_state[k] for k in expected})
     x = torch.randn(3, *shape)

@@ -36,16 +36,31 @@ def test_a_local_checkpoint_gives_its_bottom_layers(tmp_path):
     for i in range(2):
         for name in ("attention.self.query.weight", "output.dense.bias"):
             torch.testing.assert_close(cut[f"layers.{i}.{name}"], saved[f"encoder.layer.{i}.{name}"])
-    torch.testing.assert_close(cut["embeddings.position_embeddings.weight"], saved["embeddings.position_embeddings.weight"])
+    torch.testing.assert_close(
+        cut["embeddings.position_embeddings.weight"], saved["embeddings.position_embeddings.weight"]
+    )
     with pytest.raises(ConfigError, match="model.pretrained: cannot load"):
         build_model(HFEncoderConfig(depth=2, pretrained=str(tmp_path / "missing")), (1, 8, 8), 10)
 
 
 def test_inclusivefl_trains_depth_groups_of_the_encoder(tmp_path):
     hf = "{" + ", ".join(f"{k}: {v}" for k, v in TINY.items()) + "}"
-    cfg = load_config(None, ["algorithm.name=inclusivefl", "model.name=hf_encoder", f"model.hf_config={hf}", "model.depth=3", "algorithm.depths=1-2-3", "federation.rounds=2"])
+    cfg = load_config(
+        None,
+        [
+            "algorithm.name=inclusivefl",
+            "model.name=hf_encoder",
+            f"model.hf_config={hf}",
+            "model.depth=3",
+            "algorithm.depths=1-2-3",
+            "federation.rounds=2",
+        ],
+    )
     summary = run_local(cfg, tmp_path)
     assert [g["depth"] for g in summary["groups"].values()] == [1, 2, 3]
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
-    assert np.isfinite(metrics["test_loss"]).all() and (pd.read_parquet(tmp_path / "clients.parquet")["status"] == "ok").all()
+    assert (
+        np.isfinite(metrics["test_loss"]).all()
+        and (pd.read_parquet(tmp_path / "clients.parquet")["status"] == "ok").all()
+    )
     assert load_config(tmp_path / "config.yaml").model == cfg.model  # the mapping survives config.yaml

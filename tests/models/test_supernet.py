@@ -7,7 +7,17 @@ import torch
 
 from rayfl.algorithms.aggregate import extract
 from rayfl.models import build_model
-from rayfl.models.supernet import DynamicConv, ParametricNorm, Subnet, SupernetSmallConfig, all_subnets, crop, largest, medium, smallest
+from rayfl.models.supernet import (
+    DynamicConv,
+    ParametricNorm,
+    Subnet,
+    SupernetSmallConfig,
+    all_subnets,
+    crop,
+    largest,
+    medium,
+    smallest,
+)
 
 SMALL = SupernetSmallConfig()
 
@@ -45,7 +55,9 @@ def test_a_subnet_is_the_crop_of_the_supernet():
     static = build_model(sub.config(SMALL), (1, 8, 8), 10)
     assert Subnet.of(sub.config(SMALL)) == sub  # the static config names its sub-net back
     full = net.state_dict()
-    cropped = extract({k: v.numpy() for k, v in full.items()}, {k: v.shape for k, v in static.state_dict().items()}, where=crop)
+    cropped = extract(
+        {k: v.numpy() for k, v in full.items()}, {k: v.shape for k, v in static.state_dict().items()}, where=crop
+    )
     static.load_state_dict({k: torch.from_numpy(v) for k, v in cropped.items()})
     # Hand-built checks of what the crop must be.
     s = static.state_dict()

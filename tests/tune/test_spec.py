@@ -3,8 +3,8 @@
 import math
 
 import pandas as pd
-import yaml
 import pytest
+import yaml
 
 from rayfl.cli import main
 from rayfl.config import ConfigError
@@ -28,12 +28,24 @@ def write(tmp_path, search, **extra):
         ({"federation.lr": {"grid": []}}, r"search.federation.lr: grid needs a non-empty list of values"),
         ({"federation.lr": {"normal": [0, 1]}}, r"search.federation.lr: write one of \{grid: ... \| choice: ..."),
         ({"federation.lr": [0.1, 0.2]}, r"search.federation.lr: write one of"),
-        ({"federation.lr": {"uniform": [0.2, 0.1]}}, r"search.federation.lr: uniform needs low < high, got \[0.2, 0.1\]"),
+        (
+            {"federation.lr": {"uniform": [0.2, 0.1]}},
+            r"search.federation.lr: uniform needs low < high, got \[0.2, 0.1\]",
+        ),
         ({"federation.lr": {"loguniform": [0, 0.1]}}, r"search.federation.lr: loguniform needs low > 0"),
         ({"federation.rounds": {"randint": [1.5, 4]}}, r"search.federation.rounds: randint needs integer bounds"),
-        ({"federation.lr": {"grid": [0.1, -1]}}, r"search.federation.lr = -1: federation.lr: Input should be greater than 0"),
-        ({"devices.mix": {"choice": ["1:1:1", "1:2"]}}, r"search.devices.mix = '1:2': devices.mix: '1:2' has 2 numbers"),
-        ({"algorithm.levels": {"grid": ["a1-b1"]}}, r"search.algorithm.levels = 'a1-b1': algorithm.levels: unknown key"),
+        (
+            {"federation.lr": {"grid": [0.1, -1]}},
+            r"search.federation.lr = -1: federation.lr: Input should be greater than 0",
+        ),
+        (
+            {"devices.mix": {"choice": ["1:1:1", "1:2"]}},
+            r"search.devices.mix = '1:2': devices.mix: '1:2' has 2 numbers",
+        ),
+        (
+            {"algorithm.levels": {"grid": ["a1-b1"]}},
+            r"search.algorithm.levels = 'a1-b1': algorithm.levels: unknown key",
+        ),
     ],
 )
 def test_bad_search_specs_fail_before_any_trial_with_one_line(tmp_path, capsys, search, message):
@@ -66,7 +78,11 @@ def test_metric_and_search_algorithm_checks(tmp_path, monkeypatch):
 
 def test_a_good_spec_resolves_domains_defaults_and_base_overrides(tmp_path):
     exp = load_experiment(
-        write(tmp_path, {"federation.lr": {"loguniform": [0.01, 0.1]}, "devices.mix": {"grid": ["1:1:1", "0:0:1"]}}, metric="test_loss"),
+        write(
+            tmp_path,
+            {"federation.lr": {"loguniform": [0.01, 0.1]}, "devices.mix": {"grid": ["1:1:1", "0:0:1"]}},
+            metric="test_loss",
+        ),
         ["federation.rounds=3"],
     )
     assert exp.domains == {"federation.lr": ("loguniform", [0.01, 0.1]), "devices.mix": ("grid", ["1:1:1", "0:0:1"])}
@@ -82,7 +98,9 @@ def test_time_to_target_is_the_first_virtual_time_at_the_target_across_a_resume(
     monkeypatch.setattr(tune_run.tune, "report", reported.append)
     nan = math.nan
     # rounds 1-2 ran before the interruption; accuracy 0.85 >= 0.8 first at round 2 (virtual 20 s)
-    history = pd.DataFrame({"round": [1, 2, 3], "test_accuracy": [0.5, 0.85, 0.9], "virtual_time_s": [10.0, 20.0, 30.0]})
+    history = pd.DataFrame(
+        {"round": [1, 2, 3], "test_accuracy": [0.5, 0.85, 0.9], "virtual_time_s": [10.0, 20.0, 30.0]}
+    )
     report = tune_run.Reporter(0.8, history)
     report({"round": 3, "test_accuracy": 0.7, "virtual_time_s": 31.0})
     report({"round": 4, "test_accuracy": nan, "virtual_time_s": 40.0})  # not evaluated: not reported
@@ -99,7 +117,10 @@ def test_without_the_pool_each_client_actor_gets_one_bundle_sized_to_it():
 
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25, "pool_idle_s": 0}})
     assert bundles(cfg, 0.0) == [{"CPU": 0.0}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
-    assert bundles(parse_config({"ray": {"pool_idle_s": 0}}), 0.5) == [{"CPU": 0.5}, {"CPU": 1.0}]  # num_actors auto: 1 in a trial
+    assert bundles(parse_config({"ray": {"pool_idle_s": 0}}), 0.5) == [
+        {"CPU": 0.5},
+        {"CPU": 1.0},
+    ]  # num_actors auto: 1 in a trial
 
 
 def test_with_the_pool_a_trial_reserves_its_driver_only_and_concurrency_fits_the_actors(tmp_path):
@@ -107,23 +128,46 @@ def test_with_the_pool_a_trial_reserves_its_driver_only_and_concurrency_fits_the
     from tune.run import bundles, concurrent_trials
 
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})
-    assert bundles(cfg, 0.0) == [{"CPU": 0.0, "node:__internal_head__": 0.001}]  # pooled actors live outside trial groups
+    assert bundles(cfg, 0.0) == [
+        {"CPU": 0.0, "node:__internal_head__": 0.001}
+    ]  # pooled actors live outside trial groups
     path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump({"base": {"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}}, "search": {"federation.lr": {"grid": [0.1]}}, "max_concurrent_trials": 8}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "base": {"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}},
+                "search": {"federation.lr": {"grid": [0.1]}},
+                "max_concurrent_trials": 8,
+            }
+        )
+    )
     exp = load_experiment(path)
-    assert concurrent_trials(exp, {"CPU": 4.0, "GPU": 2.0}) == 4  # 2 actors x 0.25 GPU = 0.5 GPU a trial: 4 on 2 GPUs (CPUs would fit 4 too)
+    assert (
+        concurrent_trials(exp, {"CPU": 4.0, "GPU": 2.0}) == 4
+    )  # 2 actors x 0.25 GPU = 0.5 GPU a trial: 4 on 2 GPUs (CPUs would fit 4 too)
     assert concurrent_trials(exp, {"CPU": 1.0, "GPU": 2.0}) == 1  # 2 x 0.5 CPU: one trial on 1 CPU
     assert concurrent_trials(exp, {"CPU": 64.0, "GPU": 64.0}) == 8  # never above the spec's
-    assert concurrent_trials(load_experiment(path, ["ray.pool_idle_s=0"]), {"CPU": 1.0, "GPU": 0.0}) == 8  # groups wait for room themselves
+    assert (
+        concurrent_trials(load_experiment(path, ["ray.pool_idle_s=0"]), {"CPU": 1.0, "GPU": 0.0}) == 8
+    )  # groups wait for room themselves
 
 
 def test_results_rows_carry_the_final_value_of_each_groups_metric():
     from tune.run import metric_columns
 
     history = pd.DataFrame(
-        {"round": [1, 2, 3], "test_accuracy": [0.5, 0.7, 0.6], "test_accuracy@weak": [0.4, 0.5, 0.55], "test_loss@weak": [2.0, 1.5, 1.2]}
+        {
+            "round": [1, 2, 3],
+            "test_accuracy": [0.5, 0.7, 0.6],
+            "test_accuracy@weak": [0.4, 0.5, 0.55],
+            "test_loss@weak": [2.0, 1.5, 1.2],
+        }
     )
-    assert metric_columns(history, "test_accuracy", max) == {"final_test_accuracy": 0.6, "best_test_accuracy": 0.7, "final_test_accuracy@weak": 0.55}
+    assert metric_columns(history, "test_accuracy", max) == {
+        "final_test_accuracy": 0.6,
+        "best_test_accuracy": 0.7,
+        "final_test_accuracy@weak": 0.55,
+    }
     assert metric_columns(history, "test_loss@weak", min) == {"final_test_loss@weak": 1.2, "best_test_loss@weak": 1.2}
     empty = metric_columns(pd.DataFrame(), "test_accuracy", max)
     assert set(empty) == {"final_test_accuracy", "best_test_accuracy"} and all(math.isnan(v) for v in empty.values())

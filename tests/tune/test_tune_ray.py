@@ -91,10 +91,17 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     assert by_lr.loc[[1e-5, 2e-5], "stopped_early"].all() and (by_lr.loc[[1e-5, 2e-5], "rounds"] == 2).all()
     good = by_lr.loc[[0.1, 0.08]]
     assert (~good["stopped_early"]).sum() >= 1 and set(good["rounds"]) <= {2, 4}
-    at_rung = {lr: pd.read_parquet(f"{d}/metrics.parquet").set_index("round").loc[2, "test_accuracy"] for lr, d in by_lr["run_dir"].items()}
+    at_rung = {
+        lr: pd.read_parquet(f"{d}/metrics.parquet").set_index("round").loc[2, "test_accuracy"]
+        for lr, d in by_lr["run_dir"].items()
+    }
     leader = max(at_rung, key=at_rung.get)
-    assert not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 4  # ASHA never stops the rung leader
-    assert pd.read_parquet(exp.dir / "results.parquet").equals(pd.read_csv(exp.dir / "results.csv", keep_default_na=False))
+    assert (
+        not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 4
+    )  # ASHA never stops the rung leader
+    assert pd.read_parquet(exp.dir / "results.parquet").equals(
+        pd.read_csv(exp.dir / "results.csv", keep_default_na=False)
+    )
     assert (exp.dir / "trials.png").stat().st_size > 0
 
     # MLflow has a run per trial (experiment named after Tune's) with its searched lr and every round it reported.
@@ -102,7 +109,12 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
 
     client = mlflow.tracking.MlflowClient(tracking_uri=f"file://{tmp_path}/mlruns")
     runs = client.search_runs([client.get_experiment_by_name("asha").experiment_id])
-    logged = {float(r.data.params["federation.lr"]): [m.value for m in sorted(client.get_metric_history(r.info.run_id, "test_accuracy"), key=lambda m: m.step)] for r in runs}
+    logged = {
+        float(r.data.params["federation.lr"]): [
+            m.value for m in sorted(client.get_metric_history(r.info.run_id, "test_accuracy"), key=lambda m: m.step)
+        ]
+        for r in runs
+    }
     assert logged.keys() == set(by_lr.index)
     for lr, accuracy in logged.items():  # a stopped trial's run may record a round or two more than it reported
         recorded = pd.read_parquet(f"{by_lr.loc[lr, 'run_dir']}/metrics.parquet")["test_accuracy"].tolist()
@@ -127,7 +139,9 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     pd.testing.assert_frame_equal(again, table)
 
 
-def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_their_placement_groups(idle_cluster, tmp_path):
+def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_their_placement_groups(
+    idle_cluster, tmp_path
+):
     ray = idle_cluster
     # Each trial asks for 1 CPU of client actors (2 x 0.5) and nothing for its coordinator, so two
     # trials fill the 2 CPUs and run at once.
@@ -137,7 +151,9 @@ def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_thei
         {"federation.lr": {"grid": [0.05, 0.1]}},
         coordinator_cpus=0,
     )
-    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6", "ray.pool_idle_s=0"])
+    exp = load_experiment(
+        path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6", "ray.pool_idle_s=0"]
+    )
     samples = []
 
     def sample():
@@ -183,7 +199,9 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
     def sample():
         keeper = warm.keeper(create=False)
         if keeper is not None:
-            samples.append([held for held in ray.get(keeper.status.remote())["leased"] if held["run"].startswith("warm-")])
+            samples.append(
+                [held for held in ray.get(keeper.status.remote())["leased"] if held["run"].startswith("warm-")]
+            )
 
     with every(0.2, sample):
         table = run_experiment(exp, verbose=0)["table"]
@@ -195,7 +213,9 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
         assert len(names) == len(set(names))  # no actor lent to two trials at once
         assert all(len(clients(held)) <= 2 for held in leases)  # (a lease shows its new actors once they started)
     used = {name for leases in samples for held in leases for name in clients(held)}
-    assert len({held["run"] for leases in samples for held in leases}) == 4 and len(used) == 4  # 8 client actors without reuse
+    assert (
+        len({held["run"] for leases in samples for held in leases}) == 4 and len(used) == 4
+    )  # 8 client actors without reuse
 
 
 def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(ray_cluster, tmp_path):
@@ -229,14 +249,23 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(
     # its 0.5 s relay had come), then the restored trial's reports, which start after its newest
     # checkpoint (round 2 or 4, by where the kill stopped it); a restart from scratch would report
     # round 1 twice
-    log = [int(json.loads(line)["round"]) for line in (exp.dir / row["trial_id"] / "result.json").read_text().splitlines()]
+    log = [
+        int(json.loads(line)["round"]) for line in (exp.dir / row["trial_id"] / "result.json").read_text().splitlines()
+    ]
 
     def restored_from(checkpoint):  # the log splits as: relayed 1..k (k >= 1), then checkpoint + 1..6
         before, after = log[: len(log) - (6 - checkpoint)], log[len(log) - (6 - checkpoint) :]
-        return after == list(range(checkpoint + 1, 7)) and len(before) >= 1 and before == list(range(1, len(before) + 1))
+        return (
+            after == list(range(checkpoint + 1, 7)) and len(before) >= 1 and before == list(range(1, len(before) + 1))
+        )
 
     assert log.count(1) == 1 and any(restored_from(c) for c in (2, 4) if c <= stopped_at)
     # resumed from its round-2 or round-4 checkpoint, it equals a run that never stopped
-    reference = run_local(load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"]).base_config, tmp_path / "ref")
+    reference = run_local(
+        load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"]).base_config, tmp_path / "ref"
+    )
     assert row["final_test_accuracy"] == reference["final_test_accuracy"]
-    assert metrics["test_accuracy"].tolist() == pd.read_parquet(tmp_path / "ref" / "metrics.parquet")["test_accuracy"].tolist()
+    assert (
+        metrics["test_accuracy"].tolist()
+        == pd.read_parquet(tmp_path / "ref" / "metrics.parquet")["test_accuracy"].tolist()
+    )

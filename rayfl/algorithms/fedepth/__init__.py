@@ -39,7 +39,24 @@ from .client import FeDepthClient, mkd_loss, train_stage
 from .memory import decompose, measure_layers, plan
 from .policy import FEDEPTH_MODELS, FeDepthConfig, FeDepthPolicy, FeDepthTask, MFeDepthConfig, MFeDepthPolicy
 
-FEDEPTH = register(Algorithm("fedepth", FeDepthConfig, FeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))
-MFEDEPTH = register(Algorithm("mfedepth", MFeDepthConfig, MFeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair"))
+FEDEPTH = register(
+    Algorithm("fedepth", FeDepthConfig, FeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+)
+MFEDEPTH = register(
+    Algorithm("mfedepth", MFeDepthConfig, MFeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+)
 
-__all__ = ["FEDEPTH", "FEDEPTH_MODELS", "FeDepthClient", "FeDepthPolicy", "FeDepthTask", "MFEDEPTH", "MFeDepthPolicy", "decompose", "measure_layers", "mkd_loss", "plan", "train_stage"]
+__all__ = [
+    "FEDEPTH",
+    "FEDEPTH_MODELS",
+    "FeDepthClient",
+    "FeDepthPolicy",
+    "FeDepthTask",
+    "MFEDEPTH",
+    "MFeDepthPolicy",
+    "decompose",
+    "measure_layers",
+    "mkd_loss",
+    "plan",
+    "train_stage",
+]

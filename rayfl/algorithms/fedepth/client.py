@@ -42,11 +42,24 @@ class FeDepthClient(ClientProcedure):
         model.requires_grad_(True)
         per_stage = samples // len(task.blocks)
         metrics = {"stages": float(len(task.blocks))}
-        return ClientResult.of(task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(per_stage, 1), metrics=metrics)
+        return ClientResult.of(
+            task,
+            weights=to_numpy(model),
+            num_examples=len(data),
+            num_samples=samples,
+            train_loss=total / max(per_stage, 1),
+            metrics=metrics,
+        )
 
 
 def train_stage(
-    model: nn.Module, task: FeDepthTask, j: int, block: Sequence[int], data: ClientData, ctx: ClientContext, shared: torch.optim.Optimizer | None = None
+    model: nn.Module,
+    task: FeDepthTask,
+    j: int,
+    block: Sequence[int],
+    data: ClientData,
+    ctx: ClientContext,
+    shared: torch.optim.Optimizer | None = None,
 ) -> tuple[float, int]:
     """Stage j of depth-wise sequential learning (problem (1)): block j and its head (the skip
     link's, or m-FeDepth's auxiliary classifier after the block) trained for the task's epochs on
@@ -54,13 +67,17 @@ def train_stage(
     fresh optimizer over the stage's trainable parameters unless `shared` (`frozen_drift`).
     Returns the stage's summed loss (x batch size) and samples."""
     stem = [m for name, m in model.named_children() if f"{name}." not in STEM_EXCLUDES]
-    stem_params = [p for name, p in model.named_parameters() if not name.startswith(STEM_EXCLUDES)]  # a transformer's position embedding has no module
+    stem_params = [
+        p for name, p in model.named_parameters() if not name.startswith(STEM_EXCLUDES)
+    ]  # a transformer's position embedding has no module
     head = model.aux[str(block[-1])] if task.aux and block[-1] < len(model.layers) - 1 else model.head
     trainable = [model.layers[i] for i in block] + [head] + (stem if j == 0 else [])
     model.requires_grad_(False)
     for m in trainable:
         m.train()
-    params = list({id(p): p for p in [*(p for m in trainable for p in m.parameters()), *(stem_params if j == 0 else [])]}.values())
+    params = list(
+        {id(p): p for p in [*(p for m in trainable for p in m.parameters()), *(stem_params if j == 0 else [])]}.values()
+    )
     for p in params:
         p.requires_grad_(True)
     optimizer = shared or task.optimizer.build(params)
@@ -124,4 +141,12 @@ def train_mutual(task: FeDepthTask, data: ClientData, ctx: ClientContext) -> Cli
                 total += ctx.finite(float(loss.detach())) * len(b)
         samples += len(b)
     keep = {"peers": [to_numpy(m) for m in models[1:]]}
-    return ClientResult.of(task, weights=to_numpy(models[0]), num_examples=len(data), num_samples=samples, train_loss=total / max(samples, 1), metrics={"stages": 1.0}, keep=keep)
+    return ClientResult.of(
+        task,
+        weights=to_numpy(models[0]),
+        num_examples=len(data),
+        num_samples=samples,
+        train_loss=total / max(samples, 1),
+        metrics={"stages": 1.0},
+        keep=keep,
+    )

@@ -102,7 +102,14 @@ def measure_layers(model: nn.Module, input_shape: tuple[int, ...]) -> LayerCosts
     outputs = {name: inputs[nxt] for name, nxt in zip(list(parts)[:-1], list(parts)[1:])}
     nbytes_of = lambda params: sum(p.numel() * p.element_size() for p in params)  # noqa: E731
 
-    def cost(part: nn.Module, z: torch.Tensor, kept: int, out: torch.Tensor | None, params: int | None = None, grad_in: bool = True) -> PartCost:
+    def cost(
+        part: nn.Module,
+        z: torch.Tensor,
+        kept: int,
+        out: torch.Tensor | None,
+        params: int | None = None,
+        grad_in: bool = True,
+    ) -> PartCost:
         with torch.no_grad():
             out = part(z) if out is None else out
         return PartCost(
@@ -121,7 +128,13 @@ def measure_layers(model: nn.Module, input_shape: tuple[int, ...]) -> LayerCosts
         z = outputs[f"layers.{key}"]
         aux[int(key)] = cost(head, z, sum(saved_bytes(head, z.clone().requires_grad_()).values()), None)
     model.load_state_dict(state)
-    return LayerCosts(stem, tuple(costs[f"layers.{i}"] for i in range(len(model.layers))), costs["head"], aux, nbytes_of(model.parameters()))
+    return LayerCosts(
+        stem,
+        tuple(costs[f"layers.{i}"] for i in range(len(model.layers))),
+        costs["head"],
+        aux,
+        nbytes_of(model.parameters()),
+    )
 
 
 @dataclass(frozen=True)
@@ -153,7 +166,18 @@ def stage_overhead(costs: LayerCosts, batch_size: int, slots: int, exits: Sequen
     return costs.param_bytes + max((1 + slots) * e.param_bytes + batch_size * e.saved_bytes for e in exits)
 
 
-def plan(costs: LayerCosts, budget: float, batch_size: int, slots: int, exits: Sequence[PartCost], *, num_examples: int, memory: str, cache: str, mkd: int) -> Plan | None:
+def plan(
+    costs: LayerCosts,
+    budget: float,
+    batch_size: int,
+    slots: int,
+    exits: Sequence[PartCost],
+    *,
+    num_examples: int,
+    memory: str,
+    cache: str,
+    mkd: int,
+) -> Plan | None:
     """A client's plan under its memory budget (bytes). MKD with up to `mkd` models when the
     budget holds two full trainings or more (the whole model's training memory, as measured for
     the width budgets). Else the decomposition of the layers from the first one whose every

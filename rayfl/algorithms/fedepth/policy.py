@@ -20,18 +20,35 @@ from ..base import ServerPolicy
 from ..messages import ClientResult, ClientTask, FederationContext, ServerState
 from .memory import Plan, measure_layers, plan
 
-FEDEPTH_MODELS = {"digits": "preresnet20", "mnist1d": "preresnet20", "cifar10": "preresnet20", "cifar100": "preresnet20"}
+FEDEPTH_MODELS = {
+    "digits": "preresnet20",
+    "mnist1d": "preresnet20",
+    "cifar10": "preresnet20",
+    "cifar100": "preresnet20",
+}
 """The model FeDepth and its baselines (SplitMix, DepthFL) take by default."""
 
 
 class FeDepthConfig(AlgorithmConfig):
     name: str = "fedepth"
-    memory: Literal["blocks", "stage"] = Field("blocks", description="what must fit the budget: each block's own training (the paper's Table 1), or all a stage holds (stem, classifier, weights)")
-    cache_prefix: Literal["auto", "always", "never"] = Field("auto", description="cache the frozen prefix's outputs when the budget holds them (auto), always, or recompute per batch")
-    frozen_drift: bool = Field(False, description="one optimizer for all stages whose zeroed gradients keep moving frozen blocks (the public code under PyTorch 1.7)")
+    memory: Literal["blocks", "stage"] = Field(
+        "blocks",
+        description="what must fit the budget: each block's own training (the paper's Table 1), or all a stage holds (stem, classifier, weights)",
+    )
+    cache_prefix: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="cache the frozen prefix's outputs when the budget holds them (auto), always, or recompute per batch",
+    )
+    frozen_drift: bool = Field(
+        False,
+        description="one optimizer for all stages whose zeroed gradients keep moving frozen blocks (the public code under PyTorch 1.7)",
+    )
     mkd_models: int = Field(2, ge=1, description="most models a client with surplus memory trains jointly (1: no MKD)")
     mkd_lambda: float = Field(1.0, ge=0, description="weight lambda of the KL terms of mutual knowledge distillation")
-    peers: Literal["per_client", "shared"] = Field("per_client", description="MKD peers kept per client (paper), or one shared by every client (the public code's accident)")
+    peers: Literal["per_client", "shared"] = Field(
+        "per_client",
+        description="MKD peers kept per client (paper), or one shared by every client (the public code's accident)",
+    )
 
 
 class MFeDepthConfig(FeDepthConfig):
@@ -79,18 +96,29 @@ class FeDepthPolicy(ServerPolicy):
         self.plans: dict[float, Plan | None] = {}
         for budget in np.unique(context.memory_bytes):
             self.plans[float(budget)] = plan(
-                self.costs, float(budget), config.federation.batch_size, slots, exits,
-                num_examples=int(np.max(context.num_examples)), memory=cfg.memory, cache=cfg.cache_prefix, mkd=cfg.mkd_models,
+                self.costs,
+                float(budget),
+                config.federation.batch_size,
+                slots,
+                exits,
+                num_examples=int(np.max(context.num_examples)),
+                memory=cfg.memory,
+                cache=cfg.cache_prefix,
+                mkd=cfg.mkd_models,
             )
         self.fits = np.array([self.plans[float(b)] is not None for b in context.memory_bytes])
         """Clients whose budget trains at least the last layer; the others never take part."""
         if not self.fits.any():
-            raise ConfigError(f"devices.profile: no client's memory budget can train even the last layer of {config.model.name} at batch size {config.federation.batch_size}")
+            raise ConfigError(
+                f"devices.profile: no client's memory budget can train even the last layer of {config.model.name} at batch size {config.federation.batch_size}"
+            )
         if self.aux:
             ends = {b[-1] for p in self.plans.values() if p for b in p.blocks[:-1]}
             missing = sorted(ends - set(self.costs.aux))
             if missing:
-                raise ConfigError(f"model.aux_heads: blocks end after layers {[i + 1 for i in missing]}, which have no auxiliary classifier")
+                raise ConfigError(
+                    f"model.aux_heads: blocks end after layers {[i + 1 for i in missing]}, which have no auxiliary classifier"
+                )
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -133,7 +161,22 @@ class FeDepthPolicy(ServerPolicy):
         for c in clients:
             p = self.plan_of(c)
             peers = self.peers_of(state, c, p.models - 1) if p.models > 1 else ()
-            tasks.append(self.task(c, round, state.weights, kind=FeDepthTask, model=self.variant, blocks=p.blocks, skip=p.skip, aux=self.aux, cache=p.cache, drift=cfg.frozen_drift, peers=peers, mkd_lambda=cfg.mkd_lambda))
+            tasks.append(
+                self.task(
+                    c,
+                    round,
+                    state.weights,
+                    kind=FeDepthTask,
+                    model=self.variant,
+                    blocks=p.blocks,
+                    skip=p.skip,
+                    aux=self.aux,
+                    cache=p.cache,
+                    drift=cfg.frozen_drift,
+                    peers=peers,
+                    mkd_lambda=cfg.mkd_lambda,
+                )
+            )
         return tasks
 
     def trained(self, client: ClientId) -> list[str]:
@@ -147,9 +190,13 @@ class FeDepthPolicy(ServerPolicy):
     def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
         """Alg. 1 l. 9 per tensor: p_k w_k and p_k over the tensors the client trained."""
         keys = self.trained(result.client_id)
-        return aggregate.count_sum({k: self.shapes[k] for k in keys}, {k: result.weights[k] for k in keys}, None, result.num_examples)
+        return aggregate.count_sum(
+            {k: self.shapes[k] for k in keys}, {k: result.weights[k] for k in keys}, None, result.num_examples
+        )
 
-    def aggregate(self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]) -> ServerState:
+    def aggregate(
+        self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
+    ) -> ServerState:
         """Each tensor: the sample-weighted mean over the round's clients that trained it (others
         keep their value); MKD clients' peers kept for their next round."""
         if not results:
@@ -179,7 +226,16 @@ class FeDepthPolicy(ServerPolicy):
 
     def summary(self) -> dict[str, Any]:
         mib = lambda b: b / 2**20  # noqa: E731
-        plans = {f"{mib(b):.3f} MiB": p and {"blocks": [[i + 1 for i in blk] for blk in p.blocks], "skip": p.skip, "models": p.models, "cache": p.cache} for b, p in self.plans.items()}
+        plans = {
+            f"{mib(b):.3f} MiB": p
+            and {
+                "blocks": [[i + 1 for i in blk] for blk in p.blocks],
+                "skip": p.skip,
+                "models": p.models,
+                "cache": p.cache,
+            }
+            for b, p in self.plans.items()
+        }
         return {"plans": plans, "clients_without_plan": int((~self.fits).sum())}
 
 

@@ -211,11 +211,15 @@ def finetune_batch_sizes(
     def slack(x: np.ndarray) -> float:
         return epsilon - kl(merged_distribution(V, x, everyone), phi_0)
 
-    res = minimize(added_time, d0, method="SLSQP", bounds=[(1, max_batch)] * len(d0), constraints=[{"type": "ineq", "fun": slack}])
+    res = minimize(
+        added_time, d0, method="SLSQP", bounds=[(1, max_batch)] * len(d0), constraints=[{"type": "ineq", "fun": slack}]
+    )
     return _repair(np.clip(np.rint(res.x), 1, max_batch).astype(int), V, d0, w, phi_0, epsilon, max_batch)
 
 
-def _repair(d: np.ndarray, V: np.ndarray, d0: np.ndarray, w: np.ndarray, phi_0: np.ndarray, epsilon: float, max_batch: int) -> np.ndarray:
+def _repair(
+    d: np.ndarray, V: np.ndarray, d0: np.ndarray, w: np.ndarray, phi_0: np.ndarray, epsilon: float, max_batch: int
+) -> np.ndarray:
     """Integer sizes meeting KL <= eps: from `d`, the +-1 step with the largest KL reduction per
     unit of added Eq. 14 time, until the constraint holds or no step reduces KL."""
     n = len(d)
@@ -224,7 +228,12 @@ def _repair(d: np.ndarray, V: np.ndarray, d0: np.ndarray, w: np.ndarray, phi_0: 
     while current > epsilon:
         candidates = d[None] + steps
         ok = (candidates >= 1).all(1) & (candidates <= max_batch).all(1)
-        kls = np.array([kl(merged_distribution(V, x, np.ones(n, bool)), phi_0) if good else np.inf for x, good in zip(candidates, ok)])
+        kls = np.array(
+            [
+                kl(merged_distribution(V, x, np.ones(n, bool)), phi_0) if good else np.inf
+                for x, good in zip(candidates, ok)
+            ]
+        )
         added = (np.abs(candidates - d0) - np.abs(d - d0)) @ w
         gain = np.where(kls < current, (current - kls) / np.maximum(added, _TINY), -np.inf)
         if gain.max() == -np.inf:

@@ -40,14 +40,30 @@ from . import control
 class MergeSFLConfig(SFLConfig):
     name: str = "mergesfl"
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
-    regulate_batch: bool = Field(True, description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation false: one batch size, the mean of Eq. 9's)")
-    kl_aware: bool = Field(True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)")
-    scale_top_lr: bool = Field(True, description="top-model lr proportional to the batch it steps on, as worker lrs (false: lr)")
+    regulate_batch: bool = Field(
+        True,
+        description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation false: one batch size, the mean of Eq. 9's)",
+    )
+    kl_aware: bool = Field(
+        True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)"
+    )
+    scale_top_lr: bool = Field(
+        True, description="top-model lr proportional to the batch it steps on, as worker lrs (false: lr)"
+    )
     max_batch: int = Field(32, ge=1, description="D: the fastest worker's batch size")
-    max_merged: int = Field(160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)")
-    budget: Literal["fixed", "estimated"] = Field("fixed", description="B^h of Eq. 10: max_merged every round, or estimated from the ingress the PS observed in earlier rounds (Sec. IV-B)")
-    budget_quantile: float = Field(0.5, gt=0, lt=1, description="estimated B^h: this quantile of the earlier rounds' observed ingress")
-    ingress_jitter: float = Field(0.0, ge=0, description="sigma of the PS's available ingress: B^h = max_merged exp(sigma N(0, 1)) per round")
+    max_merged: int = Field(
+        160, ge=1, description="B / c: the most samples of features the server takes per iteration (Eq. 10)"
+    )
+    budget: Literal["fixed", "estimated"] = Field(
+        "fixed",
+        description="B^h of Eq. 10: max_merged every round, or estimated from the ingress the PS observed in earlier rounds (Sec. IV-B)",
+    )
+    budget_quantile: float = Field(
+        0.5, gt=0, lt=1, description="estimated B^h: this quantile of the earlier rounds' observed ingress"
+    )
+    ingress_jitter: float = Field(
+        0.0, ge=0, description="sigma of the PS's available ingress: B^h = max_merged exp(sigma N(0, 1)) per round"
+    )
     epsilon: float = Field(0.01, ge=0, description="KL target of the Eq. 14 fine-tuning")
     alpha: float = Field(0.8, ge=0, le=1, description="moving-average weight of Eq. 5-6")
     noise: float = Field(0.1, ge=0, description="relative std of the measured mu_hat, beta_hat around the device model")
@@ -91,14 +107,19 @@ class MergeSFLPolicy(SFLPolicy):
 
     def init_state(self, weights):
         mu, beta = self.measure(0)
-        clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(0.0)} for c in range(self.context.num_clients)}
+        clients = {
+            c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(0.0)}
+            for c in range(self.context.num_clients)
+        }
         return ServerState(round=0, weights=dict(weights), opt_state=Ingress(()), clients=clients)
 
     def ingress(self, round: Round) -> float:
         """The PS's available ingress B^h / c in round h (samples of features per iteration):
         max_merged, times exp(sigma N(0, 1)) keyed by (seed, round) with `ingress_jitter` sigma."""
         cfg = self.config.algorithm
-        noise = rng.generator(self.context.seed, "mergesfl-ingress", round).standard_normal() if cfg.ingress_jitter else 0.0
+        noise = (
+            rng.generator(self.context.seed, "mergesfl-ingress", round).standard_normal() if cfg.ingress_jitter else 0.0
+        )
         return cfg.max_merged * float(np.exp(cfg.ingress_jitter * noise))
 
     def budget(self, state: ServerState) -> float:
@@ -130,7 +151,9 @@ class MergeSFLPolicy(SFLPolicy):
         d = self.batch_sizes(state)[avail]
         _, _, K = self.estimates(state)
         g = rng.generator(self.context.seed, "mergesfl-ga", round)
-        chosen = control.genetic_select(self.V[avail], d, self.phi_0, control.priority(K[avail]), 1.0, self.budget(state), g, self.ga)
+        chosen = control.genetic_select(
+            self.V[avail], d, self.phi_0, control.priority(K[avail]), 1.0, self.budget(state), g, self.ga
+        )
         return [int(c) for c in avail[chosen]]
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
@@ -145,7 +168,16 @@ class MergeSFLPolicy(SFLPolicy):
         d = control.fill_bandwidth(d, 1.0, self.budget(state), cfg.max_batch)
         bottom, opt = self.bottom(state.weights), self.optimizer(round)
         return [
-            self.task(int(c), round, bottom, kind=SplitTask, local_epochs=1, batch_size=int(di), optimizer=opt.with_lr(opt.lr * int(di) / fed.batch_size), tau=cfg.tau)
+            self.task(
+                int(c),
+                round,
+                bottom,
+                kind=SplitTask,
+                local_epochs=1,
+                batch_size=int(di),
+                optimizer=opt.with_lr(opt.lr * int(di) / fed.batch_size),
+                tau=cfg.tau,
+            )
             for c, di in zip(idx, d)
         ]
 
@@ -172,7 +204,10 @@ class MergeSFLPolicy(SFLPolicy):
         mu, beta = control.moving_average(mu_prev, mu_hat, alpha), control.moving_average(beta_prev, beta_hat, alpha)
         for r in results:
             K[r.client_id] += 1
-        clients = {c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(K[c])} for c in range(self.context.num_clients)}
+        clients = {
+            c: {"mu": np.array(mu[c]), "beta": np.array(beta[c]), "K": np.array(K[c])}
+            for c in range(self.context.num_clients)
+        }
         return new.replace(opt_state=Ingress((*state.opt_state.observed, self.ingress(round))), clients=clients)
 
     def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
@@ -200,4 +235,6 @@ class AdaSFLConfig(MergeSFLConfig):
 
 register(Algorithm("adasfl", AdaSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))
 
-MERGESFL = register(Algorithm("mergesfl", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))
+MERGESFL = register(
+    Algorithm("mergesfl", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC)
+)

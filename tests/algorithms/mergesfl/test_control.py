@@ -10,7 +10,9 @@ from rayfl.algorithms.mergesfl import control as mc
 
 
 def test_moving_average_eq5_6():
-    assert mc.moving_average(np.array([1.0, 2.0]), np.array([2.0, 0.0]), alpha=0.8).tolist() == pytest.approx([1.2, 1.6])
+    assert mc.moving_average(np.array([1.0, 2.0]), np.array([2.0, 0.0]), alpha=0.8).tolist() == pytest.approx(
+        [1.2, 1.6]
+    )
     assert mc.moving_average(None, np.array([3.0])).tolist() == [3.0]
 
 

@@ -10,8 +10,18 @@ from rayfl.loader import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
-BASE = ["algorithm.name=mergesfl", "model.name=cnn2", "data.partition={kind: noniid_level, p: 10}", "federation.lr=0.05"]
-PLAN = [*BASE, "algorithm.max_merged=120", "algorithm.max_batch=16", "federation.batch_size=8"]  # lr is the rate at batch 8
+BASE = [
+    "algorithm.name=mergesfl",
+    "model.name=cnn2",
+    "data.partition={kind: noniid_level, p: 10}",
+    "federation.lr=0.05",
+]
+PLAN = [
+    *BASE,
+    "algorithm.max_merged=120",
+    "algorithm.max_batch=16",
+    "federation.batch_size=8",
+]  # lr is the rate at batch 8
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +104,13 @@ def test_top_lr_scales_with_the_batch_it_steps_on(fed):
 def test_the_budget_can_be_estimated_from_the_ingress_of_earlier_rounds(fed):
     # Sec. IV-B: B^h from the statistics of the PS's ingress in previous rounds. With jitter the
     # available ingress varies per round; the estimate is the configured quantile of what was seen.
-    sets = [*PLAN, "algorithm.budget=estimated", "algorithm.budget_quantile=0.25", "algorithm.ingress_jitter=0.3", "algorithm.ga_generations=10"]
+    sets = [
+        *PLAN,
+        "algorithm.budget=estimated",
+        "algorithm.budget_quantile=0.25",
+        "algorithm.ingress_jitter=0.3",
+        "algorithm.ga_generations=10",
+    ]
     est = build_federation(load_config(None, sets))
     policy = est.policy
     state = policy.init_state(est.initial_weights())
