@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from ray.exceptions import AuthenticationError
 
 from rayfl.config import ConfigError
-from rayfl.configbase import shown
+from rayfl.config import shown
 
 PROBE_S = 5.0
 """Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""

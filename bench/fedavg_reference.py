@@ -55,7 +55,7 @@ def plain_loop(rounds: int) -> dict:
     from rayfl import rng
     from rayfl.algorithms.local import epoch_batches
     from rayfl.data import load_dataset, partition
-    from rayfl.loader import load_config
+    from rayfl.config.load import load_config
     from rayfl.models import build_model
 
     torch.set_num_threads(1)

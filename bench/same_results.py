@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 
 SMALL = ["federation.rounds=3", "metrics.tensorboard=false"]

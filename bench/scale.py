@@ -48,7 +48,7 @@ def one(data: str, n: int, on_ray: bool, devices: str) -> dict:
     import pandas as pd
     import psutil
 
-    from rayfl.loader import load_config
+    from rayfl.config.load import load_config
 
     sets = [
         *DATA[data],

@@ -29,7 +29,7 @@ def main() -> None:
     from actors.client import create_client_actors
     from actors.pool import RayExecutor
     from rayfl.engine import build_federation, torch_threads
-    from rayfl.loader import load_config
+    from rayfl.config.load import load_config
     from rayfl.runner import InProcessExecutor
 
     sets = [

@@ -42,7 +42,7 @@ def one(model: str, vectorize: int, rounds: int) -> dict:
     import pandas as pd
 
     from rayfl.engine import ClientRunner
-    from rayfl.loader import load_config
+    from rayfl.config.load import load_config
     from rayfl.runner import run_local
 
     training: list[float] = []

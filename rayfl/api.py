@@ -32,9 +32,9 @@ import yaml
 
 from . import checkpoint, storage
 from .config import ConfigError, RunConfig, to_dict
-from .configbase import shown
+from .config import shown
 from .engine import Progress, new_run_dir, prepare
-from .loader import PATHS
+from .config.load import PATHS
 
 log = logging.getLogger("rayfl")
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-from .configbase import ConfigError, shown
+from .config import ConfigError, shown
 
 
 class ProgressBar:
@@ -78,8 +78,8 @@ class RayNotices(io.TextIOBase):
 
 def _config(args: argparse.Namespace, resume_dir: Path | None = None):
     """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here)."""
-    from .configfile import parse_yaml
-    from .loader import load_config, parse_config, with_overrides
+    from .config.files import parse_yaml
+    from .config.load import load_config, parse_config, with_overrides
 
     if getattr(args, "resume", None):
         if args.config:

@@ -15,7 +15,10 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 HOME = Path("~/rayfl").expanduser()
 
@@ -106,9 +109,19 @@ def check_location(location: str | None) -> None:
         return
     from pyarrow import fs
 
-    from .configbase import ConfigError
+    from .config import ConfigError
 
     try:
         fs.FileSystem.from_uri(str(location))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, ValueError or OSError by scheme
         raise ConfigError(f"--out: {location}: {str(exc).splitlines()[0]}") from None
+
+
+def dump_config(config: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (`write_atomic`: never half a file); `load_config(path)`
+    gives back an equal object."""
+    import yaml
+
+    from .config import to_dict
+
+    write_atomic(path, yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -4,7 +4,7 @@ GPUs, a small object store, no dashboard) for every test that asks for it."""
 import pytest
 
 from rayfl.data import load_dataset
-from rayfl.loader import parse_config
+from rayfl.config.load import parse_config
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rayfl.cli import main
-from rayfl.configbase import MAX_SHOWN
+from rayfl.config import MAX_SHOWN
 
 pytestmark = pytest.mark.faults
 
@@ -63,7 +63,7 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
     tmp_path, monkeypatch, capsys, mode
 ):
     from rayfl.config import ConfigError
-    from rayfl.loader import parse_config
+    from rayfl.config.load import parse_config
 
     path = config_file(tmp_path, b"federation:\n  lr: .inf\n")
     assert refused(tmp_path, monkeypatch, capsys, [path], mode) == f"{path}: federation.lr: inf is not a finite number"

@@ -11,7 +11,7 @@ from rayfl import checkpoint
 from rayfl.algorithms import server_opt
 from rayfl.algorithms.messages import ServerState
 from rayfl.config import ConfigError
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 
 

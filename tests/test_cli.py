@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 
 

@@ -17,7 +17,7 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientProcedure
 from rayfl.algorithms.fedavg import FedAvgConfig, FedAvgPolicy
 from rayfl.algorithms.messages import ClientResult
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.models import to_numpy
 from rayfl.runner import run_local
 

@@ -11,7 +11,7 @@ import torch
 
 from rayfl import checkpoint
 from rayfl.cli import main
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 pytestmark = pytest.mark.faults
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from rayfl.devices import load_profile
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

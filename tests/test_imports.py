@@ -56,17 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    [
-        "rayfl.types",
-        "rayfl.rng",
-        "rayfl.catalog",
-        "rayfl.storage",
-        "rayfl.configbase",
-        "rayfl.config_devices",
-        "rayfl.config_ray",
-        "rayfl.config",
-        "rayfl.configfile",
-    ],
+    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.storage", "rayfl.config"],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
     ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares
@@ -82,7 +72,7 @@ LAYERS = [
     ],
     ["rayfl.algorithms.base", "rayfl.algorithms.registry"],
     ["rayfl.algorithms"],  # each algorithm's module, and the package that registers them
-    ["rayfl.checkpoint", "rayfl.loader"],
+    ["rayfl.checkpoint", "rayfl.config.load"],  # the config package's loader reads the registries above
     ["rayfl.engine"],
     ["rayfl.runner"],
     ["rayfl.api", "rayfl.cli", "rayfl.__main__", "rayfl"],

@@ -18,7 +18,7 @@ from rayfl.engine.deadline import Late, close
 from rayfl.engine.flights import Flight
 from rayfl.engine.host import GroupOutcome, Settled
 from rayfl.engine.round import Dispatched
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import InProcessExecutor, run_local
 from rayfl.timeline import segments
 

@@ -12,7 +12,7 @@ import pytest
 from rayfl import catalog
 from rayfl.cli import main
 from rayfl.config import ConfigError
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PHONES = ROOT / "tests" / "devices" / "phones.yaml"

@@ -32,9 +32,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
-from rayfl.configfile import format_error, read_yaml
+from rayfl.config.files import format_error, read_yaml
 from rayfl.devices import configured_profile
-from rayfl.loader import absolute_paths, parse_config, read_config, set_values, with_overrides
+from rayfl.config.load import absolute_paths, parse_config, read_config, set_values, with_overrides
 
 log = logging.getLogger("rayfl")
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import rng
 from ..config import ConfigError
-from ..config_devices import DiurnalAvailability
+from ..config import DiurnalAvailability
 
 
 class Bernoulli:

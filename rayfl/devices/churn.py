@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from .. import rng
-from ..config_devices import PopulationConfig
+from ..config import PopulationConfig
 
 
 class Churn:

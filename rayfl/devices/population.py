@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import rng
 from ..config import DevicesConfig
-from ..config_devices import Availability, BernoulliAvailability, PopulationConfig
+from ..config import Availability, BernoulliAvailability, PopulationConfig
 from .availability import Bernoulli, Diurnal, TraceWindows
 from .churn import Churn
 from .profile import DeviceClass, DeviceProfile, DeviceState, configured_profile

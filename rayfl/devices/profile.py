@@ -9,8 +9,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..catalog import closest, profile_files
 from ..config import ConfigError, DevicesConfig, Strict
-from ..config_devices import mix_shares
-from ..configfile import format_error, read_yaml
+from ..config import mix_shares
+from ..config.files import format_error, read_yaml
 
 ENERGY_J_PER_GFLOP = 0.1
 """Default training energy: 0.1 J per GFLOP (10 GFLOP/J, an assumption for a phone's or a

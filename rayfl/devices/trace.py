@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import rng
 from ..config import ConfigError
-from ..config_devices import DiurnalAvailability
+from ..config import DiurnalAvailability
 
 DEVICE_COLUMNS = (
     "device_id",

@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping
 from .. import checkpoint
 from ..algorithms import registry as algorithms
 from ..algorithms.messages import ServerState
-from ..config import ConfigError, RunConfig, dump_config
+from ..config import ConfigError, RunConfig
+from ..storage import dump_config
 from ..metrics import Recorder, TensorBoard
 from .admission import Batteries
 from .federation import Federation, build_federation

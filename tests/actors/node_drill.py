@@ -18,7 +18,7 @@ from ray._private import state
 from ray.cluster_utils import Cluster
 
 from rayfl import api
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from tests.actors.drills import actors_of
 
 

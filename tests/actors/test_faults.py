@@ -13,7 +13,7 @@ from actors.pool import PoolLost, RayExecutor
 from rayfl import api
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import actors_of, checkpoint_of, once_written
 

@@ -5,7 +5,7 @@ import pytest
 from actors.client import create_client_actors
 from actors.pool import pool_size
 from rayfl.config import ConfigError
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 pytestmark = pytest.mark.ray
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from rayfl import api
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import actors_of, checkpoint_of, holds_nothing, once_written
 from tests.test_dropouts import DEVICES

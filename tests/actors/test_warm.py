@@ -12,7 +12,7 @@ import pytest
 
 from actors import warm
 from rayfl import api
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from tests.actors.drills import checkpoint_of
 from tests.actors.test_ray_runner import tables
 

@@ -7,7 +7,7 @@ import pytest
 
 from rayfl.algorithms.budget import RATE_TOL, fitting_rate
 from rayfl.engine import build_federation, torch_threads
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 CFG = load_config(None, ["algorithm.name=heterofl"])
 

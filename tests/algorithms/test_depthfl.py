@@ -24,7 +24,7 @@ from rayfl.algorithms.depthfl import (
 )
 from rayfl.algorithms.messages import ClientResult
 from rayfl.engine import build_federation
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated

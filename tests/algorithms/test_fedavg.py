@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from rayfl.algorithms import registry
 from rayfl.algorithms.messages import ClientResult, ClientTask, FederationContext
-from rayfl.loader import parse_config
+from rayfl.config.load import parse_config
 from rayfl.optim import OptimizerSpec
 from tests.algorithms.tiny import aggregated
 

@@ -14,7 +14,7 @@ from rayfl.config import ConfigError
 from rayfl.devices.cost import measure
 from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
 from rayfl.engine.federation import width_memory
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.models import build_model, to_numpy
 from rayfl.models.preresnet20 import PreResNet20Config, link
 from rayfl.runner import InProcessExecutor

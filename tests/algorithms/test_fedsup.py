@@ -15,7 +15,7 @@ from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
 from rayfl.algorithms.messages import ClientResult
 from rayfl.devices.cost import measure
 from rayfl.engine import ClientRunner, build_federation, torch_threads
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.models import build_model
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
 from rayfl.runner import run_local

@@ -21,7 +21,7 @@ from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
 from rayfl.data import Dataset, Partitioned
 from rayfl.devices import CostCache
-from rayfl.loader import parse_config
+from rayfl.config.load import parse_config
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig
 from rayfl.runner import run_local

@@ -23,7 +23,7 @@ from rayfl.algorithms.inclusivefl import distill, heterogeneous, momentum_of, sh
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated

@@ -10,7 +10,7 @@ from rayfl.algorithms.lgfedavg import LGFedAvgPolicy, global_keys
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation, run_round, torch_threads
-from rayfl.loader import load_config, parse_config
+from rayfl.config.load import load_config, parse_config
 from rayfl.models import build_model
 from rayfl.runner import InProcessExecutor
 from tests.algorithms.tiny import aggregated

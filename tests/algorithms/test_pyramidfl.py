@@ -7,7 +7,7 @@ import torch
 
 from rayfl.algorithms.local import LocalState
 from rayfl.engine import build_federation
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

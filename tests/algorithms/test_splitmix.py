@@ -21,7 +21,7 @@ from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
 from rayfl.devices import configured_profile
 from rayfl.devices.cost import nbytes
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

@@ -9,7 +9,7 @@ from rayfl.algorithms.fedavg import FedAvgPolicy
 from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.staleness import as_current, weight
 from rayfl.config import StalenessConfig
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 from .tiny import aggregated, context
 

@@ -5,7 +5,7 @@ import pytest
 
 from rayfl.config import ConfigError
 from rayfl.engine import build_federation, run_round, torch_threads
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import InProcessExecutor
 
 # Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run

@@ -12,7 +12,7 @@ from PIL import Image
 from rayfl.cli import main
 from rayfl.config import ConfigError
 from rayfl.data import load_clients, load_dataset
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 
 SHAPES = ("circle", "square", "stripe")  # imagefolder's ClassLabel ids: the sorted folder names
 

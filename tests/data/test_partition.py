@@ -6,7 +6,7 @@ import pytest
 from rayfl.config import ConfigError
 from rayfl.data import partition
 from rayfl.data.partition import dirichlet_balanced, dirichlet_unbalanced, iid, shards
-from rayfl.loader import parse_config
+from rayfl.config.load import parse_config
 
 
 def cfg(**partition_spec):

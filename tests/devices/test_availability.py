@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config_devices import DiurnalAvailability, PopulationConfig
+from rayfl.config import DiurnalAvailability, PopulationConfig
 from rayfl.devices.availability import Diurnal, TraceWindows
 from rayfl.devices.churn import Churn
 

@@ -7,7 +7,7 @@ import pytest
 
 from rayfl.config import ConfigError
 from rayfl.devices import DeviceProfile, Population, client_time, load_profile, round_duration, with_mix
-from rayfl.loader import parse_config
+from rayfl.config.load import parse_config
 
 HAND = {
     "name": "hand",

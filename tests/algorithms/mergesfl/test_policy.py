@@ -6,7 +6,7 @@ import pytest
 
 from rayfl.algorithms.mergesfl import control
 from rayfl.engine import build_federation
-from rayfl.loader import load_config
+from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

@@ -1,7 +1,7 @@
 """Config files: YAML read safely, and validation errors reported as one line naming the key.
 
 `read_yaml` reads configs, device profiles and Tune files; `Loader` also parses `--set`
-values; `format_error` turns pydantic's errors into `ConfigError`'s one line (rayfl/config.py).
+values; `format_error` turns pydantic's errors into `ConfigError`'s one line (`rayfl/config/base.py`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .catalog import closest
-from .config import ConfigError
-from .configbase import MAX_DEPTH, MAX_YAML_BYTES
+from ..catalog import closest
+from .base import MAX_DEPTH, MAX_YAML_BYTES, ConfigError
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from .configbase import Strict
+from .base import Strict
 
 
 class BernoulliAvailability(Strict):

@@ -1,6 +1,6 @@
 """Loading a run config: YAML file and `--set` overrides -> a validated `RunConfig`.
 
-The schema (`rayfl.config`) knows no registry; this loader does. The model and algorithm
+The schema (the rest of `rayfl.config`) knows no registry; this module does. The model and algorithm
 sections are validated by the config class their family or algorithm registers, so each
 carries its own keys (`algorithm.mu` for FedProx, `model.rate` for width, ...). When the user
 names no model, the algorithm's declared default for the dataset is taken (a split algorithm
@@ -14,12 +14,12 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from .algorithms import registry as algorithms
-from .config import ConfigError, RunConfig
-from .configbase import shown
-from .configfile import format_error, parse_yaml, read_yaml
-from .data import sources
-from .models import registry as models
+from ..algorithms import registry as algorithms
+from ..data import sources
+from ..models import registry as models
+from .base import ConfigError, shown
+from .files import format_error, parse_yaml, read_yaml
+from .run import RunConfig
 
 
 def _section(raw: Mapping[str, Any], name: str, lookup, default: str) -> BaseModel:
