@@ -71,7 +71,8 @@ class ClientActor:
         code drew from the global RNGs (set back to a new process's), as if just started."""
         self.hosted: str | None = None  # the federation's reference (hex) the runner serves
         self.runner: Any = None
-        self.policy: Any = None
+        self.account: Any = None  # the federation's ClientAccount: what a client computes for the server
+        self.model: Any = None  # the global model's variant (what `warm` takes through a first step)
         self.sessions: dict[int, Any] = {}
         restore_rng_states(self.born)
         gc.collect()
@@ -86,11 +87,8 @@ class ClientActor:
             from rayfl.engine import ClientRunner
 
             fed = ray.get(federation_box[0])
-            self.runner, self.policy, self.hosted = (
-                ClientRunner.of(fed, self.device, self.memory_share),
-                fed.policy,
-                federation_box[0].hex(),
-            )
+            self.runner = ClientRunner.of(fed, self.device, self.memory_share)
+            self.account, self.model, self.hosted = fed.account, fed.policy.global_model(), federation_box[0].hex()
         return self.runner
 
     def warm(self, federation_box: list) -> dict[str, Any]:
@@ -98,19 +96,20 @@ class ClientActor:
         model taken once through a forward, backward and optimizer step (torch's lazy first-call
         set-up, its optimizers' import of torch._dynamo included). Returns `info()`."""
         runner = self.hosting(federation_box)
-        model = runner.context.build(self.policy.global_model()).train()
+        model = runner.context.build(self.model).train()
         model(torch.zeros(2, *runner.clients.input_shape, device=self.device)).sum().backward()
         torch.optim.SGD(model.parameters(), lr=0.0).step()
         return self.info()
 
-    def run_group(self, federation_box: list, tasks: list[ClientTask], weight_refs: list) -> Any:
-        """Train a group of tasks (the core's `run_group`); the round's weights arrive as object
-        references, one per task (the same few shared by all), read zero-copy."""
+    def run_group(self, federation_box: list, tasks: list[ClientTask], weight_refs: list, sums: bool) -> Any:
+        """Train a group of tasks (the core's `run_group`, summed here with `sums`); the round's
+        weights arrive as object references, one per task (the same few shared by all), read zero-copy."""
         from rayfl.engine import run_group
 
         runner = self.hosting(federation_box)
         weights = ray.get(weight_refs)
-        return run_group(runner, self.policy, [dataclasses.replace(t, weights=w) for t, w in zip(tasks, weights)])
+        tasks = [dataclasses.replace(t, weights=w) for t, w in zip(tasks, weights)]
+        return run_group(runner, self.account, tasks, sums)
 
     def hold(self, seconds: float) -> None:
         """Stay busy (`clock: emulate`): a client's task lasts its scaled virtual time."""

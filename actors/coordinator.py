@@ -154,7 +154,7 @@ class Coordinator:
                 self.executor = RayExecutor(
                     duty.clients,
                     duty.federation_box[0],
-                    fed.policy,
+                    fed.account,
                     timeout_s=cfg.ray.actor_timeout_s,
                     max_failed_fraction=cfg.federation.max_failed_fraction,
                     report=self._note,

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rayfl.algorithms.base import ServerPolicy
+from rayfl.algorithms.capabilities import ClientAccount
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
 from rayfl.config import ConfigError, RunConfig
@@ -152,7 +152,7 @@ class RayExecutor:
         self,
         actors: Sequence[ray.actor.ActorHandle],
         federation_ref: ray.ObjectRef,
-        policy: ServerPolicy,
+        account: ClientAccount,
         max_attempts: int = 3,
         timeout_s: float = 600.0,
         max_failed_fraction: float = 0.5,
@@ -161,7 +161,7 @@ class RayExecutor:
     ):
         self.actors = list(actors)
         self.box = [federation_ref]  # boxed: each actor resolves it itself, once
-        self.policy = policy
+        self.account = account
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.max_failed_fraction = max_failed_fraction
@@ -183,18 +183,19 @@ class RayExecutor:
         return refs
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
-        """Send the first groups to the idle actors now; the returned call feeds the rest to actors
-        as they free up and returns every group's outcome in group order."""
-        work = _Dispatch(self, groups, pace)
+        """Send the first groups to the idle actors now (each summed where it runs with `sums`); the
+        returned call feeds the rest to actors as they free up and returns every group's outcome
+        in group order."""
+        work = _Dispatch(self, groups, sums, pace)
         work.feed()
         self.turn += len(groups)  # submissions overlap (asynchronous federations): spread them
         return work.gather
 
     def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
         """A group whose call failed as a whole: each client failed, having downloaded the model."""
-        return settle_all(self.policy, group, failed_all(group, reason))
+        return settle_all(self.account, group, failed_all(group, reason), sums=False)
 
     def wait_until_up(self, actors: Sequence[ray.actor.ActorHandle]) -> None:
         """Block until each of `actors` answers a probe (`PoolLost` after `timeout_s`, a report every 5 s)."""
@@ -311,8 +312,8 @@ class _Dispatch:
     """One submission's groups in flight on a `RayExecutor`'s actors, with the probes of the
     actors that stopped answering and the pacing holds of `clock: emulate`."""
 
-    def __init__(self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], pace: Pace | None):
-        self.ex, self.pace = executor, pace
+    def __init__(self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None):
+        self.ex, self.sums, self.pace = executor, sums, pace
         self.refs = executor.put_weights([t for g in groups for t in g])
         self.groups = list(groups)
         self.pending = deque(enumerate(groups))
@@ -344,7 +345,7 @@ class _Dispatch:
             call = actor.run_group.options(
                 name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}"
             )
-            self.inflight[call.remote(self.ex.box, light, weights)] = ("group", actor, k, now)
+            self.inflight[call.remote(self.ex.box, light, weights, self.sums)] = ("group", actor, k, now)
 
     def busy(self) -> bool:
         """Groups wait or run, or actors hold for their clients' paced time (probes do not count)."""

@@ -33,8 +33,9 @@ def front(flops: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
     from rayfl import checkpoint, rng
     from rayfl.algorithms.aggregate import extract
-    from rayfl.engine import build_federation, torch_threads
+    from rayfl.algorithms.base import head_scores
     from rayfl.config.load import load_config
+    from rayfl.engine import build_federation, torch_threads
     from rayfl.models.supernet import crop, random_subnet
 
     cfg = load_config(run_dir / "config.yaml")
@@ -49,7 +50,7 @@ def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
         for _ in range(count):
             s = random_subnet(cfg.model, g)
             model = ev.models.load(s.config(cfg.model), extract(state.weights, policy.sub_shapes(s), where=crop))
-            scores = policy.personal_scores(model, state.round, ev)
+            scores = head_scores(policy, model, state.round, ev)
             out["flops"].append(policy.costs(s).forward_flops)
             out["initial"].append(scores["initial_accuracy"])
             out["personal"].append(scores["personal_accuracy"])

@@ -134,8 +134,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """The catalog (`rayfl/catalog.py`): no torch import, so it answers at once."""
+    """The catalog (`rayfl/catalog.py`): no torch import, so it answers at once; algorithms of other
+    packages (the entry point group `rayfl.algorithms`) are imported to read their summaries."""
+    from importlib import metadata
+
     from . import catalog
+
+    algorithms = dict(catalog.ALGORITHMS)
+    if metadata.entry_points(group=catalog.PLUGINS):
+        from .algorithms import registry
+
+        algorithms.update((name, a.summary) for name, a in registry.algorithms().items())
 
     profiles = {}
     for name, prof in catalog.profiles().items():
@@ -144,7 +153,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"modes re-drawn every {prof['mode_period']} rounds" if prof.get("mode_period") else "fixed modes"
         )
     tables = {
-        "algorithms": catalog.ALGORITHMS,
+        "algorithms": algorithms,
         "datasets": catalog.DATASETS,
         "models": catalog.MODELS,
         "device profiles": profiles,

@@ -34,16 +34,16 @@ class InProcessExecutor:
 
     def __init__(self, fed: Federation):
         self.runner = ClientRunner.of(fed)
-        self.policy = fed.policy
+        self.account = fed.account
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         def gather() -> list[GroupOutcome]:
             out = []
             for group in groups:
                 start = time.perf_counter()
-                out.append(run_group(self.runner, self.policy, group))
+                out.append(run_group(self.runner, self.account, group, sums))
                 if pace is not None:
                     time.sleep(max(0.0, pace(out[-1]) - (time.perf_counter() - start)))
             return out

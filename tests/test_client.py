@@ -65,10 +65,13 @@ class TwoStage(ClientProcedure):
         )
 
 
+# Registered as any algorithm is, when its module is imported (here, by pytest; on a Ray actor, by
+# unpickling the config, whose class lives here).
+registry.register(registry.Algorithm("twostage", "a test's two-stage client", TwoStageConfig, FedAvgPolicy, TwoStage))
+
+
 @pytest.fixture
-def two_stage(monkeypatch):
-    alg = registry.Algorithm("twostage", TwoStageConfig, FedAvgPolicy, TwoStage)
-    monkeypatch.setitem(registry._ALGORITHMS, "twostage", alg)
+def two_stage():
     return load_config(
         None,
         [

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.storage", "rayfl.config"],
+    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.catalog_algorithms", "rayfl.storage", "rayfl.config"],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
     ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares

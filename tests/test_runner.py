@@ -137,8 +137,8 @@ def test_each_algorithm_trains_in_process(tmp_path, name):
 class Recording(InProcessExecutor):
     """Keeps the pace the engine hands over, and the groups' outcomes."""
 
-    def submit(self, groups, pace=None):
-        gather = super().submit(groups, pace)
+    def submit(self, groups, sums, pace=None):
+        gather = super().submit(groups, sums, pace)
         self.pace = pace
 
         def keep():
@@ -150,11 +150,12 @@ class Recording(InProcessExecutor):
 
 def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
     # A policy whose client_cost differs from the model's FLOPs x samples: the pace follows the policy.
+    from rayfl.algorithms.capabilities import ClientAccount, train_cost
     from rayfl.algorithms.fedavg import FedAvgPolicy
 
     class Heavier(FedAvgPolicy):
         def client_cost(self, task, result):
-            flops, down, up = super().client_cost(task, result)
+            flops, down, up = train_cost(self.context, task, result)
             return 3 * flops, down + 1000, up
 
     # Two groups of two clients (ray.clients_per_call 2): a group's host is held for the sum of its
@@ -171,7 +172,8 @@ def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
     )
     with torch_threads():
         fed = build_federation(cfg)
-        fed = dataclasses.replace(fed, policy=Heavier(cfg, fed.context))
+        heavier = Heavier(cfg, fed.context)
+        fed = dataclasses.replace(fed, policy=heavier, account=ClientAccount.of(heavier))
         executor = Recording(fed)
         out = run_round(fed, fed.policy.init_state(fed.initial_weights()), 1, executor, 0.0)
     rows = {r["client_id"]: r for r in out.clients}
@@ -195,7 +197,7 @@ def test_the_in_process_executor_holds_each_task_to_its_pace():
         fed = build_federation(cfg)
         tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
         start = time.perf_counter()
-        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], pace=lambda group: 0.25)()
+        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], False, pace=lambda group: 0.25)()
     assert time.perf_counter() - start >= 0.5
 
 

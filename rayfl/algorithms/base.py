@@ -1,11 +1,13 @@
 """The two halves of an algorithm: a server policy and a client procedure (`docs/design.md`).
 
-A server policy has verbs, not a loop: `select` (among the `eligible` clients), `configure`,
-`aggregate`, `evaluate`, each taking the round and the frozen `ServerState` and returning new
-values. A client procedure owns its local loop: `run(task, data, ctx)`, by default init / step
-per batch / final over the seeded batches that `ctx` gives (`local.ClientContext`). A policy may
-also drive a server-in-the-loop round (`open_driver`, see `exchange`). The messages they trade
-are in `messages`, the local-loop kit in `local`.
+A server policy has verbs, not a loop. Its core (`CORE`) is six: `init_state`, `global_model`,
+`select`, `configure`, `aggregate`, `evaluate`, each taking the round and the frozen
+`ServerState` and returning new values; what else it may do is an opt-in capability the engine
+checks by capability (`capabilities`: eligibility, config checks, reports, personalisation, a
+server in the loop, sums and costs computed where the clients train). A client procedure owns
+its local loop: `run(task, data, ctx)`, by default init / step per batch / final over the seeded
+batches that `ctx` gives (`local.ClientContext`). The messages they trade are in `messages`, the
+local-loop kit in `local`.
 """
 
 from __future__ import annotations
@@ -18,91 +20,43 @@ from torch import nn
 
 from .. import rng
 from ..config import ModelConfig, RunConfig
-from ..devices import nbytes
 from ..evaluate import Evaluator
 from ..models import to_numpy
 from ..optim import OptimizerSpec, lr_schedule
 from ..types import ClientId, Round, Weights
-from .exchange import ClientSession, RoundDriver
+from .capabilities import Eligible
+from .exchange import ClientSession
 from .local import ClientContext, ClientData, LocalState
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .personal import personal_scores
 
+CORE = ("init_state", "global_model", "select", "configure", "aggregate", "evaluate")
+"""The verbs every policy has (the defaults: FedAvg's round, uniform selection, the global model
+evaluated; `aggregate` has none)."""
+HELPERS = ("lr", "optimizer", "task", "candidates")
+"""What a policy's verbs call and never override: the round's rate and optimizer, a task by
+keyword, the eligible clients among the available ones."""
+
 
 class ServerPolicy:
-    """Server half of an algorithm. Subclasses override verbs; instances hold only config and
-    what is derived from it once (the round's learning rates, sub-model shapes, ...)."""
-
-    sums: bool = False
-    """Whether the round's aggregate is a sum over clients (FedAvg's weighted sum, HeteroFL's
-    sums and counts): then each accepted client's `summand` is added up where the clients ran,
-    a batch of clients returns one partial sum instead of one model each, and `aggregate` gets
-    the total with weightless results. Otherwise `aggregate` gets every client's weights."""
+    """Server half of an algorithm: the `CORE` verbs over a frozen `ServerState`, and the
+    capabilities its subclass opts in to (`capabilities`). Instances hold only config and what is
+    derived from it once (the round's learning rates, sub-model shapes, ...)."""
 
     def __init__(self, config: RunConfig, context: FederationContext):
         self.config = config
         self.context = context
         self.lrs = lr_schedule(config.federation)
 
-    @classmethod
-    def check_config(cls, config: RunConfig) -> None:
-        """Refuse, at config load, options this algorithm cannot honour (`ConfigError` naming the key)."""
+    # ------------------------------------------------------------------ the core
+
+    def init_state(self, weights: Weights) -> ServerState:
+        """Round 0's state from the global model's initial weights."""
+        return ServerState(round=0, weights=dict(weights))
 
     def global_model(self) -> ModelConfig:
         """The variant the server holds and evaluates (the configured model by default)."""
         return self.config.model
-
-    def collapsed(self) -> str | None:
-        """Why the device heterogeneity this algorithm is built for has no effect on this
-        federation (every client would train the same thing), or None. A run whose policy says so
-        warns in one line: the method then runs as its baseline (m-FeDepth as FeDepth, ExclusiveFL
-        as AllLarge) under a profile without the pressure its paper assumes."""
-        return None
-
-    def summary(self) -> dict[str, Any]:
-        """Extra `summary.json` entries of this algorithm."""
-        return {}
-
-    def init_state(self, weights: Weights) -> ServerState:
-        return ServerState(round=0, weights=dict(weights))
-
-    def lr(self, round: Round) -> float:
-        """The round's learning rate under `federation.lr_schedule` (the `lr` column)."""
-        return self.lrs[round - 1]
-
-    def optimizer(self, round: Round) -> OptimizerSpec:
-        """The round's local optimizer: `federation`'s kind and settings at the scheduled rate."""
-        return OptimizerSpec.of(self.config.federation, self.lr(round))
-
-    def task(
-        self, client: ClientId, round: Round, weights: Weights, *, kind: type[ClientTask] = ClientTask, **fields: Any
-    ) -> ClientTask:
-        """One task, by keyword: the configured model, epochs, batch size and the round's optimizer
-        unless `fields` say otherwise; `kind` is a task subclass with the algorithm's own fields."""
-        fed = self.config.federation
-        defaults = dict(
-            model=self.config.model,
-            local_epochs=fed.local_epochs,
-            batch_size=fed.batch_size,
-            optimizer=self.optimizer(round),
-        )
-        return kind(client_id=client, round=round, weights=weights, **{**defaults, **fields})
-
-    def eligible(self, round: Round) -> np.ndarray | None:
-        """(num_clients,) whether each client may be selected in `round`, or None when every
-        client may (a policy whose clients may fit no sub-model, or belong to no group, says
-        which do; `select` keeps the available clients it allows)."""
-        return None
-
-    def candidates(self, round: Round, available: Sequence[ClientId]) -> Sequence[ClientId]:
-        """The available clients that are `eligible` in `round`: what `select` draws from (a
-        policy that selects its own way draws from these too). `available` itself, never
-        copied, when every client is eligible."""
-        mask = self.eligible(round)
-        if mask is None or mask.all():
-            return available
-        available = np.asarray(available)
-        return available[mask[available]]
 
     def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
         """Uniform sampling without replacement of `federation.selected_clients` (the round's
@@ -115,61 +69,85 @@ class ServerPolicy:
         return sorted(int(available[i]) for i in g.choice(len(available), size=k, replace=False))
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
+        """One task per selected client: the global weights, the configured model and training."""
         return [self.task(c, round, state.weights) for c in clients]
-
-    def open_driver(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> RoundDriver | None:
-        """A server-in-the-loop driver for the round (split learning's top model), or None when
-        each client trains on its own (`ClientProcedure.run`)."""
-        return None
-
-    def summand(self, result: ClientResult) -> dict[str, np.ndarray]:
-        """One accepted client's share of the round's sum (policies with `sums`), float64 arrays."""
-        raise NotImplementedError
 
     def aggregate(
         self, state: ServerState, round: Round, results: Sequence[ClientResult], total: Mapping[str, np.ndarray]
     ) -> ServerState:
-        """The new state from the round's accepted results. For policies with `sums`, `total`
-        is the sum of their summands (reduced where the clients ran) and the results carry no
-        weights; otherwise `total` is empty and the results carry their weights."""
+        """The new state from the round's accepted results. A policy that `Sums` gets `total`, the
+        sum of their summands (reduced where the clients ran), and results without weights;
+        otherwise `total` is empty and the results carry their weights. In every mode alike."""
         raise NotImplementedError
-
-    def round_metrics(self, state: ServerState, round: Round, tasks: Sequence[ClientTask]) -> dict[str, float]:
-        """Extra columns of the round's `metrics.parquet` row (a policy's own diagnostics)."""
-        return {}
-
-    def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
-        """(training FLOPs, bytes down, bytes up) of one client's round on the virtual clock
-        (also what `clock: emulate` paces the client by)."""
-        flops = self.context.cost_of(task.model).train_flops * result.num_samples
-        return flops, nbytes(task.weights), nbytes(result.weights)
 
     def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
         """Test metrics of the global model: `test_accuracy`, `test_loss`."""
         out = evaluator(state.weights, self.global_model())
         return {"test_accuracy": out["accuracy"], "test_loss": out["loss"]}
 
-    def personalize(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
-        """Initial and personalized accuracy over clients (`federation.personalize_epochs` > 0):
-        the global model, and it with its head fine-tuned on each client (`personal`).
-        Personalized methods override this with their own personal models."""
-        return self.personal_scores(evaluator.models.load(self.global_model(), state.weights), round, evaluator)
+    # ------------------------------------------------------------------ helpers
 
-    def personal_scores(self, model: nn.Module, round: Round, evaluator: Evaluator) -> dict[str, float]:
-        """`personal.personal_scores` of `model` under the run's settings."""
+    def lr(self, round: Round) -> float:
+        """The round's learning rate under `federation.lr_schedule` (the `lr` column)."""
+        return self.lrs[round - 1]
+
+    def optimizer(self, round: Round) -> OptimizerSpec:
+        """The round's local optimizer: `federation`'s kind and settings at the scheduled rate."""
+        return OptimizerSpec.of(self.config.federation, self.lr(round))
+
+    def task(
+        self,
+        client: ClientId,
+        round: Round,
+        weights: Weights,
+        *,
+        kind: type[ClientTask] = ClientTask,
+        **fields: Any,
+    ) -> ClientTask:
+        """One task, by keyword: the configured model, epochs, batch size and the round's optimizer
+        unless `fields` say otherwise; `kind` is a task subclass with the algorithm's own fields."""
         fed = self.config.federation
-        return personal_scores(
-            model,
-            evaluator.clients,
-            evaluator.x_test,
-            evaluator.y.numpy(),
-            self.context.test_split,
-            seed=self.context.seed,
-            round=round,
-            epochs=fed.personalize_epochs,
-            lr=fed.personalize_lr or fed.lr,
+        defaults = dict(
+            model=self.config.model,
+            local_epochs=fed.local_epochs,
             batch_size=fed.batch_size,
+            optimizer=self.optimizer(round),
         )
+        return kind(client_id=client, round=round, weights=weights, **{**defaults, **fields})
+
+    def candidates(self, round: Round, available: Sequence[ClientId]) -> Sequence[ClientId]:
+        """The available clients that are eligible in `round` (`capabilities.Eligible`): what
+        `select` draws from (a policy that selects its own way draws from these too).
+        `available` itself, never copied, when every client is eligible."""
+        mask = self.eligible(round) if isinstance(self, Eligible) else None
+        if mask is None or mask.all():
+            return available
+        available = np.asarray(available)
+        return available[mask[available]]
+
+
+def fine_tuned_head(policy: ServerPolicy, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
+    """Initial and personalized accuracy over clients (`federation.personalize_epochs` > 0) for a
+    policy that does not `Personalizes`: the global model, and it with its head fine-tuned on each
+    client (`personal_scores`)."""
+    return head_scores(policy, evaluator.models.load(policy.global_model(), state.weights), round, evaluator)
+
+
+def head_scores(policy: ServerPolicy, model: nn.Module, round: Round, evaluator: Evaluator) -> dict[str, float]:
+    """`personal.personal_scores` of `model` under the run's settings."""
+    fed = policy.config.federation
+    return personal_scores(
+        model,
+        evaluator.clients,
+        evaluator.x_test,
+        evaluator.y.numpy(),
+        policy.context.test_split,
+        seed=policy.context.seed,
+        round=round,
+        epochs=fed.personalize_epochs,
+        lr=fed.personalize_lr or fed.lr,
+        batch_size=fed.batch_size,
+    )
 
 
 class ClientProcedure:

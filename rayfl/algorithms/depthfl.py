@@ -204,7 +204,6 @@ class DepthFLTask(ClientTask):
 class DepthFLPolicy(ServerPolicy):
     """Depth-scaled prefixes by memory budget; per-tensor means over holders, FedDyn-corrected."""
 
-    sums = True
     DEFAULT_AUX = "3-6"
 
     def __init__(self, config: RunConfig, context: FederationContext):
@@ -375,5 +374,13 @@ class DepthFLClient(ClientProcedure):
 
 
 DEPTHFL = register(
-    Algorithm("depthfl", DepthFLConfig, DepthFLPolicy, DepthFLClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+    Algorithm(
+        "depthfl",
+        "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn",
+        DepthFLConfig,
+        DepthFLPolicy,
+        DepthFLClient,
+        FEDEPTH_MODELS,
+        default_profile="fedepth_fair",
+    )
 )

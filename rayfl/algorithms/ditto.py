@@ -29,6 +29,7 @@ from ..evaluate import Evaluator
 from ..models import to_numpy, to_torch
 from ..types import ClientId, Round, Weights
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
+from .capabilities import train_cost
 from .fedprox import squared_distance
 from .local import LocalState
 from .messages import ClientResult, ClientTask, ServerState
@@ -74,7 +75,7 @@ class DittoPolicy(FedAvgPolicy):
 
     def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
         """Both models trained on every sample: twice FedAvg's FLOPs; bytes of w only (v_k stays)."""
-        flops, down, up = super().client_cost(task, result)
+        flops, down, up = train_cost(self.context, task, result)
         return 2 * flops, down, up
 
     def personalize(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
@@ -138,4 +139,12 @@ class DittoClient(FedAvgClient):
         )
 
 
-DITTO = register(Algorithm("ditto", DittoConfig, DittoPolicy, DittoClient))
+DITTO = register(
+    Algorithm(
+        "ditto",
+        "Ditto (Li et al. 2021): FedAvg plus per-client personal models pulled towards it by lambda",
+        DittoConfig,
+        DittoPolicy,
+        DittoClient,
+    )
+)

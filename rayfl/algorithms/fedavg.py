@@ -37,7 +37,6 @@ class FedAvgConfig(AlgorithmConfig):
 class FedAvgPolicy(ServerPolicy):
     """FedAvg's server half; subclasses change the server optimizer (`opt_init`)."""
 
-    sums = True
 
     def opt_init(self, params: Weights) -> server_opt.ServerOptState:
         cfg = self.config.algorithm
@@ -137,4 +136,14 @@ class FedAvgClient(ClientProcedure):
         return float(loss.detach())
 
 
-FEDAVG = register(Algorithm("fedavg", FedAvgConfig, FedAvgPolicy, FedAvgClient, vectorizable=True, sync_only=None))
+FEDAVG = register(
+    Algorithm(
+        "fedavg",
+        "FedAvg (McMahan et al. 2017): sample-weighted model averaging",
+        FedAvgConfig,
+        FedAvgPolicy,
+        FedAvgClient,
+        vectorizable=True,
+        sync_only=None,
+    )
+)

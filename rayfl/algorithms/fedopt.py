@@ -45,9 +45,19 @@ class FedAdagradConfig(FedOptConfig):
     kind: Literal["adagrad"] = Field("adagrad", description="the server optimizer, set by the algorithm's name")
 
 
-for _cfg in (FedOptConfig, FedYogiConfig, FedAdagradConfig):
+for _cfg, _summary in (
+    (FedOptConfig, "FedAdam (Reddi et al. 2021): adaptive server optimizer"),
+    (FedYogiConfig, "FedYogi (Reddi et al. 2021): adaptive server optimizer"),
+    (FedAdagradConfig, "FedAdagrad (Reddi et al. 2021): adaptive server optimizer"),
+):
     register(
         Algorithm(
-            _cfg.model_fields["name"].default, _cfg, FedOptPolicy, FedAvgClient, vectorizable=True, sync_only=None
+            _cfg.model_fields["name"].default,
+            _summary,
+            _cfg,
+            FedOptPolicy,
+            FedAvgClient,
+            vectorizable=True,
+            sync_only=None,
         )
     )

@@ -39,4 +39,14 @@ class FedProxClient(FedAvgClient):
         return self.config.algorithm.mu / 2 * squared_distance(params, anchor, batched)
 
 
-FEDPROX = register(Algorithm("fedprox", FedProxConfig, FedAvgPolicy, FedProxClient, vectorizable=True, sync_only=None))
+FEDPROX = register(
+    Algorithm(
+        "fedprox",
+        "FedProx (Li et al. 2020): FedAvg with a proximal term mu",
+        FedProxConfig,
+        FedAvgPolicy,
+        FedProxClient,
+        vectorizable=True,
+        sync_only=None,
+    )
+)

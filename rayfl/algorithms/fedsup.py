@@ -41,7 +41,7 @@ from ..models import build_model, to_numpy
 from ..models.supernet import Block, Stem, Subnet, SupernetConfig, crop, largest, medium, random_subnet, smallest
 from ..types import ClientId, Round, Weights
 from . import aggregate
-from .base import ClientProcedure, ServerPolicy
+from .base import ClientProcedure, ServerPolicy, head_scores
 from .fedavg import FedAvgClient
 from .local import epoch_batches
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
@@ -223,7 +223,6 @@ class _Part(torch.nn.Module):
 class FedSupPolicy(ServerPolicy):
     """FedSup (whole supernet, M sub-nets per step) and, with `efficient`, E-FedSup (one tier sub-net)."""
 
-    sums = True
     efficient = False
 
     def __init__(self, config: RunConfig, context: FederationContext):
@@ -359,7 +358,8 @@ class FedSupPolicy(ServerPolicy):
 
     def personalize(self, state: ServerState, round: Round, evaluator) -> dict[str, float]:
         big = self.children["big"]
-        return self.personal_scores(
+        return head_scores(
+            self,
             evaluator.models.load(big.config(self.super), self.subnet(state, big)), round, evaluator
         )
 
@@ -426,5 +426,24 @@ class FedSupClient(ClientProcedure):
         )
 
 
-FEDSUP = register(Algorithm("fedsup", FedSupConfig, FedSupPolicy, FedSupClient, SUPERNET_MODELS))
-EFEDSUP = register(Algorithm("efedsup", EFedSupConfig, EFedSupPolicy, FedAvgClient, SUPERNET_MODELS, vectorizable=True))
+FEDSUP = register(
+    Algorithm(
+        "fedsup",
+        "FedSup (Kim & Yun 2023): supernet broadcast, sandwich-sampled sub-nets with in-place distillation per step",
+        FedSupConfig,
+        FedSupPolicy,
+        FedSupClient,
+        SUPERNET_MODELS,
+    )
+)
+EFEDSUP = register(
+    Algorithm(
+        "efedsup",
+        "E-FedSup (Kim & Yun 2023): one FLOPs-fitting sub-net per client by tier, only the sub-net travels",
+        EFedSupConfig,
+        EFedSupPolicy,
+        FedAvgClient,
+        SUPERNET_MODELS,
+        vectorizable=True,
+    )
+)

@@ -47,7 +47,6 @@ from ..models.layers import DepthConfig, ScaledConfig
 from ..types import ClientId, Round, Weights
 from . import aggregate
 from .base import ServerPolicy
-from .baselines import register_baselines
 from .budget import client_rates
 from .fedavg import FedAvgClient, cross_entropy
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
@@ -169,7 +168,6 @@ class HeteroFLTask(ClientTask):
 
 
 class HeteroFLPolicy(ServerPolicy):
-    sums = True
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
@@ -399,32 +397,67 @@ def model_classes(model: nn.Module) -> int:
 
 
 HETEROFL = register(
-    Algorithm("heterofl", HeteroFLConfig, HeteroFLPolicy, HeteroFLClient, vectorizable=True, sync_only=None)
+    Algorithm(
+        "heterofl",
+        "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation",
+        HeteroFLConfig,
+        HeteroFLPolicy,
+        HeteroFLClient,
+        vectorizable=True,
+        sync_only=None,
+    )
 )
 
 
-# Baselines of the paper, under the same machinery (Scaler, masking, static BN, per-level metrics):
-# FedAvg's weights, one level, dealt as the baseline asks.
-_SAMPLES = (Literal["count", "samples"], "samples")
-register_baselines(
-    HeteroFLConfig,
-    "",
-    {
-        "alllarge": {"levels": (Literal["a1"], "a1"), "mode": (Literal["fix"], "fix"), "weighting": _SAMPLES},
-        "allsmall": {
-            "levels": (str, Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")),
-            "mode": (Literal["fix"], "fix"),
-            "weighting": _SAMPLES,
-        },
-        "exclusivefl": {
-            "levels": (Literal["a1"], "a1"),
-            "mode": (Literal["capability"], "capability"),
-            "weighting": _SAMPLES,
-        },
-    },
-    HeteroFLPolicy,
-    HeteroFLClient,
-    exclusive_profile="fedepth_fair",  # memory budgets of 1/6 to 1 of the width: some devices cannot train full width
-    vectorizable=True,
-    sync_only=None,
-)
+# Baselines of the paper (Tables 1-3), under the same machinery (Scaler, masking, static BN,
+# per-level metrics): FedAvg's weights, one level, dealt as the baseline asks.
+class AllLargeConfig(HeteroFLConfig):
+    """AllLarge: every client trains the largest model, ignoring memory budgets."""
+
+    name: str = "alllarge"
+    levels: Literal["a1"] = "a1"
+    mode: Literal["fix"] = "fix"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+class AllSmallConfig(HeteroFLConfig):
+    """AllSmall: every client trains the smallest model, so every device fits."""
+
+    name: str = "allsmall"
+    levels: str = Field("e1", pattern=r"^[a-e]1$", description="the one level, e.g. e1")
+    mode: Literal["fix"] = "fix"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+class ExclusiveFLConfig(HeteroFLConfig):
+    """ExclusiveFL: only the clients whose device fits the largest model train."""
+
+    name: str = "exclusivefl"
+    levels: Literal["a1"] = "a1"
+    mode: Literal["capability"] = "capability"
+    weighting: Literal["count", "samples"] = "samples"
+
+
+for _name, _summary, _config, _profile in (
+    ("alllarge", "AllLarge: FedAvg at full width on every client (HeteroFL baseline)", AllLargeConfig, None),
+    ("allsmall", "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)", AllSmallConfig, None),
+    # memory budgets of 1/6 to 1 of the width: some devices cannot train full width
+    (
+        "exclusivefl",
+        "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)",
+        ExclusiveFLConfig,
+        "fedepth_fair",
+    ),
+):
+    register(
+        Algorithm(
+            _name,
+            _summary,
+            _config,
+            HeteroFLPolicy,
+            HeteroFLClient,
+            default_profile=_profile,
+            vectorizable=True,
+            sync_only=None,
+        )
+    )

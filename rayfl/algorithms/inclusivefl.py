@@ -44,7 +44,6 @@ from ..models.layers import DepthConfig, is_head, layer_of
 from ..types import ClientId, Round, Weights
 from . import aggregate, server_opt
 from .base import ServerPolicy
-from .baselines import KINDS, register_baselines
 from .fedavg import FedAvgClient
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .registry import Algorithm, register
@@ -183,7 +182,6 @@ class InclusiveFLPolicy(ServerPolicy):
     """Depth groups with their own top layers, heads, server optimizers and momenta. The depth
     baselines (`alllarge_depth`, ...) are the same policy with one group (`plan`)."""
 
-    sums = True
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
@@ -359,17 +357,53 @@ def parse_depths(depths: str) -> list[int]:
 
 
 INCLUSIVEFL = register(
-    Algorithm("inclusivefl", InclusiveFLConfig, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True)
+    Algorithm(
+        "inclusivefl",
+        "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation",
+        InclusiveFLConfig,
+        InclusiveFLPolicy,
+        FedAvgClient,
+        DEPTH_MODELS,
+        vectorizable=True,
+    )
 )
 
 
 # InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers (`plan`).
-register_baselines(
-    DepthBaselineConfig,
-    "_depth",
-    {kind: {"baseline": (Literal[kind], kind)} for kind in KINDS},
-    InclusiveFLPolicy,
-    FedAvgClient,
-    default_models=DEPTH_MODELS,
-    vectorizable=True,
-)
+class AllLargeDepthConfig(DepthBaselineConfig):
+    """AllLarge: every client trains the largest model, ignoring memory budgets."""
+
+    name: str = "alllarge_depth"
+    baseline: Literal["alllarge"] = "alllarge"
+
+
+class AllSmallDepthConfig(DepthBaselineConfig):
+    """AllSmall: every client trains the smallest model, so every device fits."""
+
+    name: str = "allsmall_depth"
+    baseline: Literal["allsmall"] = "allsmall"
+
+
+class ExclusiveFLDepthConfig(DepthBaselineConfig):
+    """ExclusiveFL: only the clients whose device fits the largest model train."""
+
+    name: str = "exclusivefl_depth"
+    baseline: Literal["exclusivefl"] = "exclusivefl"
+
+
+for _summary, _config in (
+    ("AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client", AllLargeDepthConfig),
+    ("AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client", AllSmallDepthConfig),
+    ("ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only", ExclusiveFLDepthConfig),
+):
+    register(
+        Algorithm(
+            _config.model_fields["name"].default,
+            _summary,
+            _config,
+            InclusiveFLPolicy,
+            FedAvgClient,
+            DEPTH_MODELS,
+            vectorizable=True,
+        )
+    )

@@ -69,7 +69,6 @@ class LGFedAvgPolicy(ServerPolicy):
     """FedAvg over theta^g; each client's theta^l_k kept in `ServerState.clients`. The state's
     weights hold theta^l_0 (what a new client starts from) and the current theta^g."""
 
-    sums = True
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
@@ -149,4 +148,13 @@ def split_result(task: LGTask, out: ClientResult | ClientFailure) -> ClientResul
     return dataclasses.replace(out, weights=top, keep={"body": body})
 
 
-LGFEDAVG = register(Algorithm("lgfedavg", LGFedAvgConfig, LGFedAvgPolicy, LGFedAvgClient, vectorizable=True))
+LGFEDAVG = register(
+    Algorithm(
+        "lgfedavg",
+        "LG-FedAvg (Liang et al. 2020): local bodies, FedAvg over the global top layers",
+        LGFedAvgConfig,
+        LGFedAvgPolicy,
+        LGFedAvgClient,
+        vectorizable=True,
+    )
+)

@@ -24,6 +24,7 @@ from ..config import AlgorithmConfig, ModelConfig
 from ..evaluate import Evaluator, scores
 from ..types import ClientId, Round, Weights
 from .base import ServerPolicy
+from .capabilities import train_cost
 from .fedavg import FedAvgClient
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .personal import accuracy_stats, client_logits, own_test_rows
@@ -69,7 +70,7 @@ class LocalOnlyPolicy(ServerPolicy):
 
     def client_cost(self, task: ClientTask, result: ClientResult) -> tuple[float, int, int]:
         """The training FLOPs; no bytes, since w_k stays on the device."""
-        flops, _, _ = super().client_cost(task, result)
+        flops, _, _ = train_cost(self.context, task, result)
         return flops, 0, 0
 
     def evaluate(self, state: ServerState, round: Round, evaluator: Evaluator) -> dict[str, float]:
@@ -87,6 +88,7 @@ class LocalOnlyPolicy(ServerPolicy):
 LOCALONLY = register(
     Algorithm(
         "localonly",
+        "Local-only (FedSup Table 2): each client trains its own model, never averaged",
         LocalOnlyConfig,
         LocalOnlyPolicy,
         FedAvgClient,

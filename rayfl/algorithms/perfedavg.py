@@ -154,4 +154,12 @@ class PerFedAvgPolicy(FedAvgPolicy):
         return accuracy_stats(initial, personal)
 
 
-PERFEDAVG = register(Algorithm("perfedavg", PerFedAvgConfig, PerFedAvgPolicy, PerFedAvgClient))
+PERFEDAVG = register(
+    Algorithm(
+        "perfedavg",
+        "Per-FedAvg (Fallah et al. 2020): MAML-style local steps (FO or HF), personalized by one alpha-step",
+        PerFedAvgConfig,
+        PerFedAvgPolicy,
+        PerFedAvgClient,
+    )
+)

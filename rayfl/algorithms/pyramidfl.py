@@ -96,6 +96,7 @@ class PyramidFLClient(FedAvgClient):
 PYRAMIDFL = register(
     Algorithm(
         "pyramidfl",
+        "PyramidFL-style selection (MergeSFL baseline): oversample by reward, keep the fastest",
         PyramidFLConfig,
         PyramidFLPolicy,
         PyramidFLClient,

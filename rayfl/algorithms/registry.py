@@ -1,11 +1,27 @@
-"""Algorithms by name: each registers its config class, server policy and client procedure."""
+"""Algorithms by name: each registers one `Algorithm` record (its summary, config class, server
+policy and client procedure) when its module is imported.
+
+The built-in algorithms are the modules of `rayfl.algorithms`, every one imported with the
+package. Algorithms of other packages plug in through the entry point group `rayfl.algorithms`
+(`PLUGINS`): each entry names a module that registers its algorithm(s) when imported, the way
+pytest and flake8 find their plugins; they are imported the first time the registry is asked.
+
+A config parsed by `rayfl.config.load.parse_config` carries its algorithm's record
+(`config.algorithm.record`, set here on the config class), so a run asks the registry once.
+`rayfl list` reads the built-in summaries without importing torch from `rayfl/catalog_algorithms.py`,
+which `python -m rayfl.algorithms` writes from the records.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Mapping
 
 from .. import catalog
+from ..catalog import PLUGINS
 from ..config import AlgorithmConfig, ConfigError
 from .base import ClientProcedure, ServerPolicy
 
@@ -15,6 +31,8 @@ SYNC_ONLY = "its aggregation waits for every selected client, and rayfl has no r
 @dataclass(frozen=True)
 class Algorithm:
     name: str
+    summary: str
+    """One line: what `rayfl list` shows."""
     config_class: type[AlgorithmConfig]
     policy: type[ServerPolicy]
     procedure: type[ClientProcedure]
@@ -31,44 +49,87 @@ class Algorithm:
     it runs in every mode: its policy aggregates updates rebased onto the current model
     (`rayfl.algorithms.staleness`), each a leading block of the global tensors."""
 
-    @property
-    def summary(self) -> str:
-        return catalog.ALGORITHMS[self.name]
+    def check_mode(self, mode: str) -> None:
+        """`ConfigError` naming `federation.mode` when the algorithm cannot run in `mode`."""
+        if mode != "sync" and self.sync_only:
+            raise ConfigError(
+                f"federation.mode: {self.name} runs in synchronous rounds only, not {mode}: {self.sync_only}"
+            )
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
+_PLUGINS_LOADED: list[str] = []
 
 
 def register(algorithm: Algorithm) -> Algorithm:
-    catalog.summary(catalog.ALGORITHMS, "algorithm", algorithm.name)
+    """Add `algorithm` under its name and tie its config class to it (`AlgorithmConfig.record`):
+    a name is registered once, a config class serves one algorithm and defaults `name` to it."""
+    cls = algorithm.config_class
     if algorithm.name in _ALGORITHMS:
         raise ValueError(f"algorithm {algorithm.name!r} registered twice")
+    if cls.model_fields["name"].default != algorithm.name:
+        raise ValueError(f"algorithm {algorithm.name!r}: {cls.__name__}.name must default to {algorithm.name!r}")
+    if cls.__dict__.get("record") is not None:
+        raise ValueError(f"algorithm {algorithm.name!r}: {cls.__name__} serves {cls.record.name!r}; subclass it")
     if algorithm.vectorizable and not hasattr(algorithm.procedure, "run_vectorized"):
         raise ValueError(
-            f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized (FedAvgClient's)"
+            f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized"
         )
+    cls.record = algorithm
     _ALGORITHMS[algorithm.name] = algorithm
     return algorithm
 
 
+def plugins() -> list[metadata.EntryPoint]:
+    """The installed entry points of the group `rayfl.algorithms` (none: an empty list)."""
+    return list(metadata.entry_points(group=PLUGINS))
+
+
+def _load_plugins() -> None:
+    """Import every plugin module once (each registers its algorithms); `ConfigError` naming the
+    entry point whose module fails to import."""
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED.append(PLUGINS)
+    for entry in plugins():
+        try:
+            entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is named, not a traceback
+            raise ConfigError(
+                f"entry point {entry.name} = {entry.value} ({PLUGINS}): {type(exc).__name__}: {exc}"
+            ) from None
+
+
 def algorithms() -> dict[str, Algorithm]:
+    """Every registered algorithm, the plugins' included."""
+    _load_plugins()
     return dict(_ALGORITHMS)
 
 
 def get(name: str) -> Algorithm:
+    """The algorithm `name`; `KeyError` saying which names exist (and the closest one)."""
+    _load_plugins()
     if name not in _ALGORITHMS:
-        raise KeyError(
-            f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {', '.join(sorted(_ALGORITHMS))})"
-        )
+        known = ", ".join(sorted(_ALGORITHMS))
+        raise KeyError(f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {known})")
     return _ALGORITHMS[name]
 
 
-def config_class(name: str) -> type[AlgorithmConfig]:
-    return get(name).config_class
+LISTING = Path(__file__).resolve().parent.parent / "catalog_algorithms.py"
 
 
-def check_mode(name: str, mode: str) -> None:
-    """`ConfigError` naming `federation.mode` when the algorithm cannot run in `mode`."""
-    reason = get(name).sync_only
-    if mode != "sync" and reason:
-        raise ConfigError(f"federation.mode: {name} runs in synchronous rounds only, not {mode}: {reason}")
+def builtin() -> dict[str, Algorithm]:
+    """The algorithms of `rayfl.algorithms` (by where their config class is defined), by name."""
+    here = __package__ + "."
+    return {n: a for n, a in sorted(_ALGORITHMS.items()) if a.config_class.__module__.startswith(here)}
+
+
+def listing() -> str:
+    """The text of `rayfl/catalog_algorithms.py`: the built-in algorithms' summaries."""
+    rows = "".join(f"    {json.dumps(name)}: {json.dumps(a.summary)},\n" for name, a in builtin().items())
+    return (
+        '"""The built-in algorithms\' summaries, written by `python -m rayfl.algorithms` from their registrations\n'
+        "(`Algorithm.summary`), so `rayfl list` shows them without importing torch; tests/test_usersday.py\n"
+        'fails when it is stale."""\n\n'
+        f"ALGORITHMS = {{\n{rows}}}\n"
+    )

@@ -60,4 +60,14 @@ class SFLPolicy(SplitPolicy):
         return state.replace(round=round, weights=aggregate.merge(state.weights, bottoms))
 
 
-SFL = register(Algorithm("sfl", SFLConfig, SFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))
+SFL = register(
+    Algorithm(
+        "sfl",
+        "Typical split FL (SplitFed style): bottom models on workers, top on the server",
+        SFLConfig,
+        SFLPolicy,
+        SplitClient,
+        SPLIT_MODELS,
+        sync_only=SPLIT_SYNC,
+    )
+)

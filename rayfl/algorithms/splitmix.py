@@ -115,7 +115,6 @@ def mix(logits: Sequence[torch.Tensor], n: int) -> torch.Tensor:
 class SplitMixPolicy(ServerPolicy):
     """K base networks; each client trains its budget's share of them; per-base FedAvg."""
 
-    sums = True
 
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
@@ -249,6 +248,12 @@ class SplitMixClient(ClientProcedure):
 
 SPLITMIX = register(
     Algorithm(
-        "splitmix", SplitMixConfig, SplitMixPolicy, SplitMixClient, FEDEPTH_MODELS, default_profile="fedepth_fair"
+        "splitmix",
+        "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits",
+        SplitMixConfig,
+        SplitMixPolicy,
+        SplitMixClient,
+        FEDEPTH_MODELS,
+        default_profile="fedepth_fair",
     )
 )

@@ -18,16 +18,18 @@ rayfl's staleness of an update is the number of server steps between the client'
 and the update's arrival (0: nothing changed meanwhile), and it reads FedAsync's t - tau as
 that number: t is the version the server holds when the update arrives. (Alg. 1 numbers the
 version being computed, so its t - tau is one more: a fresh update has weight alpha here, alpha
-s(1) there.) `as_current` turns an arrival into a result trained from the current model, so the
-policy's own `aggregate` (its weighting, its server optimizer: FedAvg's `server_lr` is FedBuff's
-eta_g, FedAdam's is its adaptive step) applies unchanged.
+s(1) there.) Each rule below turns an arrival into a result trained from the current model, so
+the policy's own `aggregate` (its weighting, its server optimizer: FedAvg's `server_lr` is
+FedBuff's eta_g, FedAdam's is its adaptive step) applies unchanged. Which rule applies is the
+scheduler's to say: FedAsync's and FedBuff's are the asynchronous server's (`engine/asynchronous.py`),
+a carried late update the deadline server's (`engine/deadline.py`).
 """
 
 from __future__ import annotations
 
 from typing import Collection
 
-from ..config import FederationConfig, StalenessConfig
+from ..config import StalenessConfig
 from ..types import Weights
 from . import aggregate
 from .messages import ClientResult
@@ -42,26 +44,35 @@ def weight(staleness: int, cfg: StalenessConfig) -> float:
     return 1.0 if staleness <= cfg.b else 1.0 / (cfg.a * (staleness - cfg.b) + 1.0)
 
 
-def as_current(
+def fedasync(result: ClientResult, current: Weights, staleness: int, cfg: StalenessConfig, alpha: float) -> ClientResult:
+    """FedAsync (Alg. 1): the mixed model, (1 - alpha_t) x + alpha_t x_new, alpha_t = alpha s(t - tau);
+    aggregated alone, with FedAvg's server step at eta = 1 it is x_t itself."""
+    return result.replace(weights=aggregate.mix(current, result.weights, alpha * weight(staleness, cfg)))
+
+
+def fedbuff(
     result: ClientResult,
     start: Weights,
     current: Weights,
     staleness: int,
-    federation: FederationConfig,
+    cfg: StalenessConfig,
     params: Collection[str],
 ) -> ClientResult:
-    """The update as the policy's `aggregate` takes it, trained from `current`:
+    """FedBuff (Alg. 1): x + s Delta for the `params`, each update of weight 1, so the buffer's mean
+    is x + (1/K) sum s_i Delta_i, whatever the clients' sizes; buffers (batch-norm statistics)
+    average the clients' own values."""
+    return carried(result, start, current, staleness, cfg, params).replace(num_examples=1)
 
-    - FedAsync (`mode: async`, `rule: fedasync`): the mixed model, (1 - alpha_t) x + alpha_t x_new;
-      aggregated alone, with FedAvg's server step at eta = 1 it is x_t itself.
-    - FedBuff (`mode: async`, `rule: fedbuff`): x + s Delta for the `params`, each update of
-      weight 1, so the buffer's mean is x + (1/K) sum s_i Delta_i (Alg. 1), whatever the
-      clients' sizes; buffers (batch-norm statistics) average the clients' own values.
-    - a late update carried into a later deadline round: x + s Delta, keeping its weight (n_k
-      for FedAvg) among the round's fresh updates.
-    """
-    s = weight(staleness, federation.staleness)
-    if federation.mode == "async" and federation.asynchronous.rule == "fedasync":
-        return result.replace(weights=aggregate.mix(current, result.weights, federation.asynchronous.mixing * s))
-    moved = result.replace(weights=aggregate.rebase(current, start, result.weights, s, params))
-    return moved.replace(num_examples=1) if federation.mode == "async" else moved
+
+def carried(
+    result: ClientResult,
+    start: Weights,
+    current: Weights,
+    staleness: int,
+    cfg: StalenessConfig,
+    params: Collection[str],
+) -> ClientResult:
+    """A late update carried into a later deadline round: x + s Delta, keeping its weight (n_k for
+    FedAvg) among the round's fresh updates."""
+    s = weight(staleness, cfg)
+    return result.replace(weights=aggregate.rebase(current, start, result.weights, s, params))

@@ -15,39 +15,55 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ValidationError
 
 from ..algorithms import registry as algorithms
+from ..algorithms.capabilities import ChecksConfig
+from ..algorithms.registry import Algorithm
 from ..data import sources
 from ..models import registry as models
 from .base import ConfigError, shown
 from .files import format_error, parse_yaml, read_yaml
-from .run import RunConfig
+from .run import ModelConfig, RunConfig
 
 
-def _section(raw: Mapping[str, Any], name: str, lookup, default: str) -> BaseModel:
-    section = raw.get(name, {})
+def _mapping(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The section `name` of a raw config (an absent or empty one as {}); `ConfigError` unless a mapping."""
+    section = raw.get(name)
     if section is None:
-        section = {}
+        return {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"{name}: expected a mapping, got {type(section).__name__}")
-    kind = section.get("name", default)
-    try:
-        cls = lookup(kind)
-    except KeyError as exc:
-        raise ConfigError(f"{name}.name: {exc.args[0]}") from None
+    return section
+
+
+def _validated(raw: Mapping[str, Any], name: str, cls: type[BaseModel], kind: str) -> BaseModel:
+    """The section `name` validated by the class of its family or algorithm, `kind`."""
+    section = _mapping(raw, name)
     try:
         return cls.model_validate({**section, "name": kind})
     except ValidationError as exc:
         raise ConfigError(format_error(exc, section, cls, (name,))) from None
 
 
-def default_model(raw: Mapping[str, Any]) -> str:
-    """The model family a run takes when its config names none: the algorithm's declared
-    default for the dataset, else the schema's (`cnn`)."""
-    alg = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
+def algorithm_of(raw: Mapping[str, Any]) -> Algorithm:
+    """The algorithm a raw config names (`fedavg` when it names none): the registry's one lookup
+    on a run's path; the parsed config carries it (`config.algorithm.record`)."""
+    name = _mapping(raw, "algorithm").get("name", RunConfig.model_fields["algorithm"].default.name)
+    try:
+        return algorithms.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"algorithm.name: {exc.args[0]}") from None
+
+
+def model_section(raw: Mapping[str, Any], algorithm: Algorithm) -> BaseModel:
+    """The model section validated by its family's class; a config that names no model takes the
+    algorithm's declared default for the dataset, else the schema's (`cnn`)."""
     data = raw.get("data") if isinstance(raw.get("data"), Mapping) else {}
-    name = alg.get("name", RunConfig.model_fields["algorithm"].default.name)
     dataset = data.get("name", RunConfig.model_fields["data"].default.name)
-    declared = algorithms.get(name).default_models if name in algorithms.algorithms() else {}
-    return declared.get(dataset, RunConfig.model_fields["model"].default.name)
+    kind = _mapping(raw, "model").get("name", algorithm.default_models.get(dataset, ModelConfig().name))
+    try:
+        cls = models.config_class(kind)
+    except KeyError as exc:
+        raise ConfigError(f"model.name: {exc.args[0]}") from None
+    return _validated(raw, "model", cls, kind)
 
 
 def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: BaseModel) -> dict[str, Any]:
@@ -66,14 +82,12 @@ def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: 
     return out
 
 
-def with_default_profile(raw: Mapping[str, Any]) -> dict[str, Any]:
+def with_default_profile(raw: Mapping[str, Any], algorithm: Algorithm) -> dict[str, Any]:
     """`raw` with the algorithm's declared default device profile when the config names neither
     a profile nor a trace (FeDepth takes its memory scenario `fedepth_fair`, not `jetson`, whose
     budgets fit every model)."""
-    alg = raw.get("algorithm") if isinstance(raw.get("algorithm"), Mapping) else {}
     devices = raw.get("devices", {}) if isinstance(raw.get("devices", {}), Mapping) else None
-    name = alg.get("name", RunConfig.model_fields["algorithm"].default.name)
-    declared = algorithms.get(name).default_profile if name in algorithms.algorithms() else None
+    declared = algorithm.default_profile
     if declared is None or devices is None or "profile" in devices or devices.get("trace") is not None:
         return dict(raw)
     return {**raw, "devices": {**devices, "profile": declared}}
@@ -93,22 +107,22 @@ def with_source_partition(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
-    """Validate a raw mapping (from YAML) into a `RunConfig`; raise `ConfigError` naming the key."""
+    """Validate a raw mapping (from YAML) into a `RunConfig` carrying its algorithm's record
+    (`config.algorithm.record`); raise `ConfigError` naming the key."""
     raw = dict(raw or {})
     if not all(isinstance(k, str) for k in raw):
         raise ConfigError("<config>: keys must be strings")
-    raw = with_default_tags(with_source_partition(with_default_profile(raw)), RunConfig, RunConfig())
-    parsed = dict(raw)
-    parsed["model"] = _section(raw, "model", models.config_class, default_model(raw))
-    parsed["algorithm"] = _section(
-        raw, "algorithm", algorithms.config_class, RunConfig.model_fields["algorithm"].default.name
-    )
+    algorithm = algorithm_of(raw)
+    raw = with_default_tags(with_source_partition(with_default_profile(raw, algorithm)), RunConfig, RunConfig())
+    parsed = {**raw, "model": model_section(raw, algorithm)}
+    parsed["algorithm"] = _validated(raw, "algorithm", algorithm.config_class, algorithm.name)
     try:
         config = RunConfig.model_validate(parsed)
     except ValidationError as exc:
         raise ConfigError(format_error(exc, raw, RunConfig)) from None
-    algorithms.check_mode(config.algorithm.name, config.federation.mode)
-    algorithms.get(config.algorithm.name).policy.check_config(config)  # options it cannot honour
+    algorithm.check_mode(config.federation.mode)
+    if issubclass(algorithm.policy, ChecksConfig):  # options it cannot honour
+        algorithm.policy.check_config(config)
     return config
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Mapping
+from typing import Annotated, Literal, Mapping
 
 from pydantic import Field
 
 from .base import MAX_ACTORS, ConfigError, Strict
-
-if TYPE_CHECKING:
-    from .run import RunConfig
 
 
 class RayConfig(Strict):
@@ -64,11 +61,10 @@ class Resources:
     round_size: int
 
     @classmethod
-    def of(cls, config: RunConfig) -> Resources:
-        ray_cfg = config.ray
+    def of(cls, ray_cfg: RayConfig, round_size: int) -> Resources:
         asked = None if ray_cfg.num_actors == "auto" else ray_cfg.num_actors
         per_call = None if ray_cfg.clients_per_call == "auto" else ray_cfg.clients_per_call
-        return cls(ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, asked, per_call, config.federation.clients_per_round)
+        return cls(ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, asked, per_call, round_size)
 
     @property
     def each(self) -> dict[str, float]:

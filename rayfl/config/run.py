@@ -4,7 +4,7 @@ algorithms extend with their own keys, and the resolved config as plain YAML."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
@@ -36,6 +36,9 @@ class AlgorithmConfig(Strict):
     """Base of every algorithm's config; algorithms add their own keys."""
 
     name: str = "fedavg"
+    record: ClassVar[Any] = None
+    """The algorithm this config class serves (`rayfl.algorithms.registry.Algorithm`), set when it
+    registers: a config parsed by `rayfl.config.load.parse_config` carries its algorithm."""
 
 
 class MetricsConfig(Strict):
@@ -59,7 +62,7 @@ class RunConfig(Strict):
     @property
     def resources(self) -> Resources:
         """What the run's client actors take and how many it asks for (`ray.Resources`)."""
-        return Resources.of(self)
+        return Resources.of(self.ray, self.federation.clients_per_round)
 
     @property
     def call_size(self) -> int:

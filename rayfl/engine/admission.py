@@ -51,7 +51,7 @@ def plan(fed: Federation, task: ClientTask) -> Plan:
         num_samples=task.local_epochs * epoch_samples(n, task.batch_size),
         train_loss=math.nan,
     )
-    return Plan(fed.population.state(task.client_id, task.round), fed.policy.client_cost(task, done))
+    return Plan(fed.population.state(task.client_id, task.round), fed.account.cost(task, done))
 
 
 def planned_seconds(fed: Federation, task: ClientTask) -> float:

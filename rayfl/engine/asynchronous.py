@@ -8,7 +8,7 @@ uniformly, keyed by (seed, dispatch number), among the eligible available client
 flight nor already dispatched against the current version (a client trains once per version).
 When the buffer holds `buffer_size` arrivals (FedBuff, Nguyen et al. 2022; FedAsync, Xie et al.
 2019: one), the server steps: the policy's aggregate over the arrived updates, each moved onto
-the current model by its staleness (`staleness.as_current`), makes version v + 1 (a row of
+the current model by its staleness (`staleness.fedasync`, `staleness.fedbuff`), makes version v + 1 (a row of
 `metrics.parquet`; `federation.rounds` counts these steps). A failed client's arrival counts
 towards the buffer and adds no update, so the order of events never depends on training.
 
@@ -29,9 +29,10 @@ import numpy as np
 
 from .. import rng
 from ..algorithms.messages import ClientTask, ServerState
+from ..algorithms.staleness import fedasync, fedbuff
 from .admission import Batteries, admit, dropped, planned_seconds
 from .federation import Federation
-from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
+from .flights import Flight, Move, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
 from .round import Executor, RoundOutcome, groups_of, round_row
 
@@ -135,7 +136,7 @@ class Queue:
         """Send the tasks dispatched since the last call, in groups, to train now."""
         if self.unsent:
             self.batch_of.update((key(t), len(self.batches)) for t in self.unsent)
-            self.batches.append((self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size))))
+            self.batches.append((self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size), False)))
             self.unsent = []
 
     def record(self, task: ClientTask) -> Settled:
@@ -149,14 +150,22 @@ class Queue:
         self.batch_of.pop(k, None)
         return self.records.pop(k)
 
+    def rule(self, state: ServerState) -> Move:
+        """The server's rule for an arrived update: FedAsync's mix into `state`'s model, or FedBuff's
+        staleness-scaled delta on it (`staleness`)."""
+        cfg, params = self.fed.config.federation, self.fed.context.param_names
+        if cfg.asynchronous.rule == "fedasync":
+            alpha = cfg.asynchronous.mixing
+            return lambda result, task, s: fedasync(result, state.weights, s, cfg.staleness, alpha)
+        return lambda result, task, s: fedbuff(result, task.weights, state.weights, s, cfg.staleness, params)
+
     def step(self, arrived: list[Flight]) -> RoundOutcome:
         """The server step over the arrived clients: aggregate, record, checkpoint what is out."""
         state, rnd = self.state, self.state.round + 1
         tasks = [self.tasks.pop((f.client_id, f.version + 1)) for f in arrived]
         done = [(f, t, self.record(t), state.round - f.version) for f, t in zip(arrived, tasks)]
-        new, accepted = merge_arrivals(
-            self.fed, state, rnd, [(r.outcome, t, s) for _, t, r, s in done if r.status == "ok"]
-        )
+        arrivals = [(r.outcome, t, s) for _, t, r, s in done if r.status == "ok"]
+        new, accepted = merge_arrivals(self.fed, state, rnd, arrivals, self.rule(state))
         rows = [flight_row(self.fed, t, r, f, rnd, s) for f, t, r, s in done]
         rows += [
             flight_row(self.fed, t, r, Flight(t.client_id, t.round - 1, at, at, -1), rnd, math.nan)

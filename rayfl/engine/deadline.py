@@ -10,7 +10,7 @@ T + `deadline_s`, whichever comes first; without either it waits for every clien
 that selected nobody lasts until the next late client arrives, or its deadline). Clients
 after the close are late (status `late`, charged what they spent): their updates are dropped,
 or with `late: carry` aggregated in the round they arrive in, moved onto the model of that
-round with their staleness weight (`staleness.as_current`). A late client is busy, never
+round with their staleness weight (`staleness.carried`). A late client is busy, never
 selected, until it arrives.
 """
 
@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-from ..algorithms.messages import ClientTask, ServerState
+from ..algorithms.messages import ClientResult, ClientTask, ServerState
+from ..algorithms.staleness import carried
 from .admission import Batteries
 from .federation import Federation
-from .flights import Flight, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
+from .flights import Flight, Move, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
 from .round import Dispatched, Executor, RoundOutcome, client_seconds, dispatch, groups_of, round_row
 
@@ -40,7 +41,7 @@ class Late:
         carried = [f for f in self.flights if f.carry]
         if carried:  # a resumed run: train the carried clients again, as they trained before it stopped
             self.tasks = [reconfigure(fed, f, self.states) for f in carried]
-            self.gather = executor.submit(groups_of(self.tasks, fed.config.call_size))
+            self.gather = executor.submit(groups_of(self.tasks, fed.config.call_size), sums=False)
 
     def busy(self) -> set[int]:
         return {f.client_id for f in self.flights}
@@ -85,12 +86,12 @@ class Deadline:
         last = fed.config.federation.rounds
         if state.round >= last:
             return
-        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, late.busy())
+        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, False, late.busy())
         while True:
             out = replace(close(fed, d, state, virtual_time_s, late), batteries=batteries.snapshot())
             state, virtual_time_s = out.state, out.row["virtual_time_s"]
             following = (
-                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, late.busy())
+                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, False, late.busy())
                 if d.round < last
                 else None
             )
@@ -133,7 +134,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         + [(f, r, t, state.round - f.version) for f, r, t in carried],
         key=lambda x: x[0].key,
     )
-    new, accepted = merge_arrivals(fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged])
+    new, accepted = merge_arrivals(fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged], carry_onto(fed, state))
     rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
     for row, (a, _, _) in zip(rows, on_time):
         if "total_s" in row:  # a skipped client cost nothing and waited for nothing
@@ -156,3 +157,14 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     }
     row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)
     return RoundOutcome(new, {**row, **extra}, rows, late.pending())
+
+
+def carry_onto(fed: Federation, state: ServerState) -> Move:
+    """A deadline round's rule for its updates: one on time is taken as it is; a carried one is
+    moved onto `state`'s model, keeping its weight among them (`staleness.carried`)."""
+    cfg, params = fed.config.federation.staleness, fed.context.param_names
+
+    def move(result: ClientResult, task: ClientTask, staleness: int) -> ClientResult:
+        return result if staleness == 0 else carried(result, task.weights, state.weights, staleness, cfg, params)
+
+    return move

@@ -1,6 +1,7 @@
 """A federation: the static parts of a run, built once from its config and shipped to where it runs.
 
-Everything is resolved here once and carried: the algorithm (looked up in the registry once),
+Everything is resolved here once and carried: the algorithm (its record, which the parsed config
+carries),
 the device population and its profile (with `devices.mix`), the model variants' measured costs
 and training memory (`FederationContext`), the policy, the procedure and the evaluator.
 """
@@ -14,9 +15,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import rng
-from ..algorithms import registry
 from ..algorithms.base import ClientProcedure, ServerPolicy
+from ..algorithms.capabilities import ClientAccount
 from ..algorithms.messages import FederationContext
+from ..algorithms.registry import Algorithm
 from ..algorithms.vectorize import check_vectorizable
 from ..config import ConfigError, ModelConfig, RunConfig
 from ..data import Clients, load_clients
@@ -31,10 +33,14 @@ class Federation:
     """The static parts of a run, built once from its config (then shipped to where it runs)."""
 
     config: RunConfig
+    algorithm: Algorithm
+    """The algorithm's record, resolved when the config was parsed (`config.algorithm.record`)."""
     clients: Clients
     population: Population
     context: FederationContext
     policy: ServerPolicy
+    account: ClientAccount
+    """What each client's host computes for the server (its cost, its summand): `capabilities.ClientAccount`."""
     procedure: ClientProcedure
     models: ModelCache
     costs: CostCache
@@ -66,7 +72,11 @@ class Federation:
 def build_federation(config: RunConfig) -> Federation:
     """Load the data as logical clients, deal devices, build the policy: everything but the
     executor. Nothing here loops over the clients: a population of millions costs a few arrays."""
-    algorithm = registry.get(config.algorithm.name)
+    algorithm = config.algorithm.record
+    if algorithm is None:
+        raise ConfigError(
+            "algorithm: a config built without rayfl.config.load.parse_config names no registered algorithm"
+        )
     clients = load_clients(config.data, config.seed)
     population = Population.of(config.devices, config.data.num_clients, config.seed)
     models = ModelCache(clients.input_shape, clients.num_classes)
@@ -96,10 +106,12 @@ def build_federation(config: RunConfig) -> Federation:
     evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
     return Federation(
         config,
+        algorithm,
         clients,
         population,
         context,
         policy,
+        ClientAccount.of(policy),
         algorithm.procedure(config),
         models,
         costs,

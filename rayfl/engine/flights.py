@@ -5,20 +5,19 @@ dispatched and when it arrives. `Pending` is what such a scheduler checkpoints b
 server state: the flights still out and the server states they were built from, so a resumed
 run configures the same tasks again, trains them again (every draw is keyed) and goes on
 exactly as a run that never stopped. `merge_arrivals` turns arrived updates into the policy's
-aggregate (each moved onto the current model by `staleness.as_current`).
+aggregate, each moved onto the current model by the scheduler's rule (`staleness`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..algorithms.aggregate import add_up
 from ..algorithms.messages import ClientResult, ClientTask, ServerState
-from ..algorithms.staleness import as_current
 from ..types import ClientId, Round
 from .federation import Federation
 from .host import Settled
@@ -78,21 +77,24 @@ def flight_row(
     return row
 
 
+Move = Callable[[ClientResult, ClientTask, int], ClientResult]
+"""The scheduler's rule for an arrived update (result, its task, its staleness): the result as if
+trained from the current model (`staleness`: FedAsync's mix, FedBuff's rebase, a carried update's)."""
+
+
 def merge_arrivals(
-    fed: Federation, state: ServerState, rnd: Round, arrivals: Sequence[tuple[ClientResult, ClientTask, int]]
+    fed: Federation, state: ServerState, rnd: Round, arrivals: Sequence[tuple[ClientResult, ClientTask, int]], move: Move
 ) -> tuple[ServerState, list[ClientResult]]:
-    """The policy's aggregate over arrived updates (result, its task, its staleness), in the
-    order given, each trained from an older model moved onto `state`'s (`as_current`; a fresh
-    deadline update is taken as it is). Returns the new state and the results aggregated."""
-    policy, cfg = fed.policy, fed.config.federation
-    results = [
-        r
-        if (s == 0 and cfg.mode == "deadline")
-        else as_current(r, t.weights, state.weights, s, cfg, fed.context.param_names)
-        for r, t, s in arrivals
-    ]
-    total = add_up(policy.summand(r) for r in results) if policy.sums else {}
-    return policy.aggregate(state, rnd, results, total), results
+    """The policy's aggregate over arrived updates (result, its task, its staleness), in the order
+    given, each moved onto `state`'s model by the scheduler's `move`; as in a synchronous round, a
+    policy that `Sums` gets their summands' total and the results without weights. Returns the new
+    state and the results aggregated."""
+    moved = [move(r, t, s) for r, t, s in arrivals]
+    if not fed.account.sums:
+        return fed.policy.aggregate(state, rnd, moved, {}), moved
+    total = add_up(fed.account.summand(r) for r in moved)
+    results = [r.replace(weights={}) for r in moved]
+    return fed.policy.aggregate(state, rnd, results, total), results
 
 
 def staleness_columns(stale: Sequence[int], late: int) -> dict[str, Any]:

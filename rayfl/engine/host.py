@@ -5,8 +5,9 @@ For each task the runner hands the algorithm's procedure the client's data (`Cli
 a `ClientContext`, runs it with torch's RNG keyed by (seed, round, client) (or `ray.vectorize`
 clients of one model variant in one batched call), and turns a client with no samples, a
 non-finite loss or any error into a `ClientFailure`. `run_group` settles each outcome where it
-ran (`settle`: status, reason, cost on the virtual clock) and, for policies whose aggregate is
-a sum, adds the accepted clients' summands into the group's partial sum.
+ran (`settle`: status, reason, cost on the virtual clock, by the federation's `ClientAccount`)
+and, where the scheduler says the call sums, adds the accepted clients' summands into the
+group's partial sum.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 
 from .. import rng
 from ..algorithms.aggregate import accumulate, invalid_reason
-from ..algorithms.base import ClientProcedure, ServerPolicy
+from ..algorithms.base import ClientProcedure
+from ..algorithms.capabilities import ClientAccount
 from ..algorithms.exchange import ClientSession
 from ..algorithms.local import ClientContext, ClientData, ClientDiverged
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask
@@ -180,46 +182,38 @@ class GroupOutcome:
     total: dict[str, np.ndarray]
 
 
-def settle(policy: ServerPolicy, task: ClientTask, out: ClientResult | ClientFailure) -> Settled:
+def settle(account: ClientAccount, task: ClientTask, out: ClientResult | ClientFailure) -> Settled:
     """The one client-outcome record: a skipped client costs nothing; a failed one its download
     and the samples it processed; an update is checked against its task (`invalid_reason`) and
-    costed by the policy's `client_cost`."""
+    costed by the federation's `ClientAccount`."""
     if isinstance(out, ClientFailure):
         if out.skipped:
             return Settled(out, "skipped", out.reason, None)
         spent = ClientResult.of(task, weights={}, num_examples=0, num_samples=out.num_samples, train_loss=float("nan"))
-        return Settled(out, "failed", out.reason, policy.client_cost(task, spent))
+        return Settled(out, "failed", out.reason, account.cost(task, spent))
     reason = invalid_reason(out.weights, task.weights)
-    return Settled(out, "rejected" if reason else "ok", reason or "", policy.client_cost(task, out))
-
-
-def sums_where_run(policy: ServerPolicy) -> bool:
-    """Whether a group's accepted updates are added up where they ran: for a policy whose
-    aggregate is a sum, in synchronous rounds. Deadline and asynchronous federations choose
-    which updates count by their arrival on the virtual clock, so every update comes back whole."""
-    return policy.sums and policy.config.federation.mode == "sync"
+    return Settled(out, "rejected" if reason else "ok", reason or "", account.cost(task, out))
 
 
 def settle_all(
-    policy: ServerPolicy, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure]
+    account: ClientAccount, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure], sums: bool
 ) -> GroupOutcome:
-    """Settle each task's outcome; where the accepted clients' summands are added up where they
-    ran (`sums_where_run`), add them in task order and drop their weights (no summand is held)."""
+    """Settle each task's outcome; with `sums` (the scheduler's say, for a policy that `Sums`), add
+    the accepted clients' summands in task order and drop their weights (no summand is held)."""
     settled, total = [], {}
-    summed = sums_where_run(policy)
     for task, out in zip(tasks, outcomes):
-        record = settle(policy, task, out)
-        if summed and record.status == "ok":
-            total = accumulate(total, policy.summand(out))
+        record = settle(account, task, out)
+        if sums and record.status == "ok":
+            total = accumulate(total, account.summand(out))
             record = Settled(out.replace(weights={}), record.status, record.reason, record.cost)
         settled.append(record)
     return GroupOutcome(settled, total)
 
 
-def run_group(runner: ClientRunner, policy: ServerPolicy, tasks: Sequence[ClientTask]) -> GroupOutcome:
-    """Run a group's tasks (one after another, or vectorized) and settle them: what both
-    executors call, in process and on each actor."""
-    return settle_all(policy, tasks, runner.run_all(tasks))
+def run_group(runner: ClientRunner, account: ClientAccount, tasks: Sequence[ClientTask], sums: bool) -> GroupOutcome:
+    """Run a group's tasks (one after another, or vectorized) and settle them, added up where they
+    ran when the scheduler says `sums`: what both executors call, in process and on each actor."""
+    return settle_all(account, tasks, runner.run_all(tasks), sums)
 
 
 def failed_all(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:

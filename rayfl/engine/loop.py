@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import checkpoint
-from ..algorithms import registry as algorithms
+from ..algorithms.capabilities import Collapses, Summarizes
 from ..algorithms.messages import ServerState
 from ..config import ConfigError, RunConfig
 from ..storage import dump_config
@@ -77,9 +77,9 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
     cluster starts: the federation (data, partition, profile, model, policy), RUN_DIR writable,
     and with `resume` a readable checkpoint and tables."""
     fed = build_federation(config)
-    collapse = fed.policy.collapsed()
+    collapse = fed.policy.collapsed() if isinstance(fed.policy, Collapses) else None
     if collapse:
-        declared = algorithms.get(config.algorithm.name).default_profile
+        declared = fed.algorithm.default_profile
         hint = (
             f"; its paper's setting: devices.profile={declared}"
             if declared and declared != config.devices.profile
@@ -158,6 +158,6 @@ def run_federation(
         "seed": fed.config.seed,
         "model_params": cost.num_params,
         "model_train_flops_per_sample": cost.train_flops,
-        **fed.policy.summary(),
+        **(fed.policy.summary() if isinstance(fed.policy, Summarizes) else {}),
     }
     return recorder.summary(fed.config.algorithm.name, extra, fed_cfg.target_accuracy)

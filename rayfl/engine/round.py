@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Collection, Protocol, Sequence
 
 import numpy as np
 
 from ..algorithms.aggregate import add_up
+from ..algorithms.base import fine_tuned_head
+from ..algorithms.capabilities import DrivesRounds, Personalizes, ReportsRounds
 from ..algorithms.exchange import RoundDriver
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, ServerState
 from ..devices import client_time, round_duration, spent
@@ -38,10 +41,12 @@ class Executor(Protocol):
     """Runs a round's groups of tasks; hosts `host.run_group`."""
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         """Start the groups; the returned call waits for them and gives their outcomes in group
-        order. With `pace`, a group's host stays busy for `pace(outcome)` seconds from its start."""
+        order. With `sums` (the scheduler's say), each group's accepted clients are added up where
+        they ran (`host.run_group`). With `pace`, a group's host stays busy for `pace(outcome)`
+        seconds from its start."""
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """A server-in-the-loop round: open a session per task, let `driver` drive them through a
@@ -89,12 +94,13 @@ def dispatch(
     executor: Executor,
     start: float,
     batteries: Batteries,
+    sums: bool,
     busy: Collection[ClientId] = (),
 ) -> Dispatched:
     """At virtual time `start`, select among the clients online and not `busy` (still training an
     earlier task), configure the round's tasks, settle those their devices decline or cannot
-    finish (`admission.admit`) and start the rest (a server-in-the-loop round starts when
-    gathered, since its driver runs here)."""
+    finish (`admission.admit`) and start the rest, added up where they run when the scheduler
+    says `sums` (a server-in-the-loop round starts when gathered, since its driver runs here)."""
     policy, cfg = fed.policy, fed.config
     available = fed.population.available(rnd, start)
     if busy:
@@ -102,16 +108,21 @@ def dispatch(
     selected = policy.select(state, rnd, available)
     configured = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
     tasks, held = admit(fed, configured, start, batteries)
-    driver = policy.open_driver(state, rnd, tasks) if tasks else None
+    driver = policy.open_driver(state, rnd, tasks) if tasks and isinstance(policy, DrivesRounds) else None
     if driver is not None:
-        gather = lambda: [
-            settle_all(policy, tasks, sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id))
-        ]  # noqa: E731
+
+        def gather() -> list[GroupOutcome]:
+            results = sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id)
+            return [settle_all(fed.account, tasks, results, sums)]
+
     else:
         pace = None
         if cfg.clock == "emulate":
-            pace = lambda group: cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)  # noqa: E731
-        gather = executor.submit(groups_of(tasks, cfg.call_size), pace)
+
+            def pace(group: GroupOutcome) -> float:
+                return cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)
+
+        gather = executor.submit(groups_of(tasks, cfg.call_size), sums, pace)
     return Dispatched(rnd, selected, configured, driver, gather, held)
 
 
@@ -216,7 +227,7 @@ def round_row(
         "mean_wait_s": float(np.mean(waits)) if len(waits) else 0.0,
         "train_loss": float(np.mean([r.train_loss for r in accepted])) if accepted else math.nan,
         "lr": fed.policy.lr(rnd),
-        **fed.policy.round_metrics(state, rnd, tasks),
+        **(fed.policy.round_metrics(state, rnd, tasks) if isinstance(fed.policy, ReportsRounds) else {}),
     }
 
 
@@ -227,7 +238,8 @@ def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
         return outcome
     row = {**outcome.row, **fed.policy.evaluate(outcome.state, rnd, fed.evaluator)}
     if cfg.personalize_epochs:
-        row.update(fed.policy.personalize(outcome.state, rnd, fed.evaluator))
+        personalize = fed.policy.personalize if isinstance(fed.policy, Personalizes) else partial(fine_tuned_head, fed.policy)
+        row.update(personalize(outcome.state, rnd, fed.evaluator))
     return replace(outcome, row=row)
 
 
@@ -240,9 +252,5 @@ def run_round(
     batteries: Batteries | None = None,
 ) -> RoundOutcome:
     """One synchronous round, evaluated; `virtual_time_s` is the clock before it starts."""
-    return evaluate(
-        fed,
-        settle_round(
-            fed, state, dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries()), virtual_time_s
-        ),
-    )
+    dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), fed.account.sums)
+    return evaluate(fed, settle_round(fed, state, dispatched, virtual_time_s))

@@ -93,4 +93,5 @@ def test_every_algorithms_config_pickles_by_reference():
     for name in ALGORITHMS:
         cfg = load_config(None, [f"algorithm.name={name}"])
         back = pickle.loads(pickle.dumps(cfg))
-        assert back == cfg and type(back.algorithm) is registry.config_class(name), name
+        assert back == cfg and type(back.algorithm) is registry.get(name).config_class, name
+        assert back.algorithm.record is registry.get(name), name  # the config carries its algorithm

@@ -7,7 +7,7 @@ import pytest
 from rayfl.algorithms import aggregate
 from rayfl.algorithms.fedavg import FedAvgPolicy
 from rayfl.algorithms.messages import ClientResult
-from rayfl.algorithms.staleness import as_current, weight
+from rayfl.algorithms.staleness import carried, fedasync, fedbuff, weight
 from rayfl.config import StalenessConfig
 from rayfl.config.load import load_config
 
@@ -49,11 +49,8 @@ def test_fedasync_mixes_the_new_model_in_by_alpha_times_s():
     # x_t = (1 - alpha_t) x_{t-1} + alpha_t x_new, alpha_t = 0.5 * s(3) = 0.5 * (3 + 1)^-0.5 = 0.25
     policy, fed = policy_for("federation.mode=async", "federation.async.rule=fedasync", "federation.async.mixing=0.5")
     state = policy.init_state({"w": np.array([1.0, 2.0], np.float32), "b": np.array([4.0], np.float32)})
-    start = {
-        "w": np.zeros(2, np.float32),
-        "b": np.zeros(1, np.float32),
-    }  # FedAsync mixes models: the start plays no part
-    mixed = as_current(result(1, [3.0, 6.0], 10, b=8.0), start, state.weights, 3, fed, {"w"})
+    # FedAsync mixes models: the model the client started from plays no part
+    mixed = fedasync(result(1, [3.0, 6.0], 10, b=8.0), state.weights, 3, fed.staleness, fed.asynchronous.mixing)
     new = aggregated(policy, state, 1, [mixed])
     np.testing.assert_array_equal(new.weights["w"], np.array([1.5, 3.0], np.float32))
     np.testing.assert_array_equal(new.weights["b"], np.array([5.0], np.float32))  # mixed alike: a convex combination
@@ -66,11 +63,21 @@ def test_fedbuff_steps_by_the_mean_of_staleness_scaled_deltas(server_lr, expecte
     # steps old (s = 1/2): eta (2 + 0, 0 + 2) / 2. Their sizes (10 and 30) play no part.
     policy, fed = policy_for("federation.mode=async", f"algorithm.server_lr={server_lr}")
     state = policy.init_state({"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)})
-    a = as_current(
-        result(0, [3.0, 1.0], 10, b=2.0), {"w": np.ones(2, np.float32), "b": np.zeros(1)}, state.weights, 0, fed, {"w"}
+    a = fedbuff(
+        result(0, [3.0, 1.0], 10, b=2.0),
+        {"w": np.ones(2, np.float32), "b": np.zeros(1)},
+        state.weights,
+        0,
+        fed.staleness,
+        {"w"},
     )
-    b = as_current(
-        result(1, [0.0, 4.0], 30, b=4.0), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"}
+    b = fedbuff(
+        result(1, [0.0, 4.0], 30, b=4.0),
+        {"w": np.zeros(2, np.float32), "b": np.zeros(1)},
+        state.weights,
+        3,
+        fed.staleness,
+        {"w"},
     )
     new = aggregated(policy, state, 1, [a, b])
     np.testing.assert_allclose(new.weights["w"], expected, rtol=0, atol=1e-7)
@@ -83,11 +90,11 @@ def test_a_carried_deadline_update_keeps_its_weight_among_the_fresh_ones():
     policy, fed = policy_for("federation.mode=deadline", "federation.deadline.late=carry")
     state = policy.init_state({"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)})
     fresh = result(0, [0.0, 2.0], 10)
-    carried = as_current(
-        result(1, [0.0, 4.0], 30), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed, {"w"}
+    late = carried(
+        result(1, [0.0, 4.0], 30), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed.staleness, {"w"}
     )
-    assert carried.num_examples == 30
-    new = aggregated(policy, state, 1, [fresh, carried])
+    assert late.num_examples == 30
+    new = aggregated(policy, state, 1, [fresh, late])
     np.testing.assert_allclose(new.weights["w"], [0.0, (10 * 2 + 30 * 2) / 40], atol=1e-7)
 
 

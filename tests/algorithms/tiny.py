@@ -5,6 +5,7 @@ policy's aggregation of results in hand as the engine calls it."""
 import numpy as np
 
 from rayfl.algorithms.aggregate import add_up
+from rayfl.algorithms.capabilities import Sums
 from rayfl.algorithms.messages import FederationContext
 
 
@@ -12,7 +13,7 @@ def aggregated(policy, state, rnd, results):
     """`policy.aggregate` as the engine calls it: for a policy whose aggregate is a sum, the
     results' summands added up in order and the results without their weights; otherwise the
     results as they are and an empty total."""
-    if not policy.sums:
+    if not isinstance(policy, Sums):
         return policy.aggregate(state, rnd, results, {})
     return policy.aggregate(
         state, rnd, [r.replace(weights={}) for r in results], add_up(policy.summand(r) for r in results)

@@ -40,10 +40,26 @@ from .memory import decompose, measure_layers, plan
 from .policy import FEDEPTH_MODELS, FeDepthConfig, FeDepthPolicy, FeDepthTask, MFeDepthConfig, MFeDepthPolicy
 
 FEDEPTH = register(
-    Algorithm("fedepth", FeDepthConfig, FeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+    Algorithm(
+        "fedepth",
+        "FeDepth (Zhang et al. 2023): memory-adaptive depth-wise training of the full model, skip links to the head",
+        FeDepthConfig,
+        FeDepthPolicy,
+        FeDepthClient,
+        FEDEPTH_MODELS,
+        default_profile="fedepth_fair",
+    )
 )
 MFEDEPTH = register(
-    Algorithm("mfedepth", MFeDepthConfig, MFeDepthPolicy, FeDepthClient, FEDEPTH_MODELS, default_profile="fedepth_fair")
+    Algorithm(
+        "mfedepth",
+        "m-FeDepth (Zhang et al. 2023): depth-wise training with auxiliary classifiers per block",
+        MFeDepthConfig,
+        MFeDepthPolicy,
+        FeDepthClient,
+        FEDEPTH_MODELS,
+        default_profile="fedepth_fair",
+    )
 )
 
 __all__ = [

@@ -76,7 +76,6 @@ class FeDepthTask(ClientTask):
 class FeDepthPolicy(ServerPolicy):
     """FedAvg over full-size models trained depth-wise; each tensor averaged over its trainers."""
 
-    sums = True
     aux = False
     ALL_AUX = "1-2-3-4-5-6-7-8"
     """m-FeDepth's classifiers when the model names none: after every layer but the last."""

@@ -233,8 +233,26 @@ class AdaSFLConfig(MergeSFLConfig):
     kl_aware: bool = False
 
 
-register(Algorithm("adasfl", AdaSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC))
+register(
+    Algorithm(
+        "adasfl",
+        "AdaSFL (MergeSFL's baseline): split FL with batch regulation only",
+        AdaSFLConfig,
+        MergeSFLPolicy,
+        SplitClient,
+        SPLIT_MODELS,
+        sync_only=SPLIT_SYNC,
+    )
+)
 
 MERGESFL = register(
-    Algorithm("mergesfl", MergeSFLConfig, MergeSFLPolicy, SplitClient, SPLIT_MODELS, sync_only=SPLIT_SYNC)
+    Algorithm(
+        "mergesfl",
+        "MergeSFL (Liao et al. 2024): split FL with feature merging, batch regulation, GA selection",
+        MergeSFLConfig,
+        MergeSFLPolicy,
+        SplitClient,
+        SPLIT_MODELS,
+        sync_only=SPLIT_SYNC,
+    )
 )
