@@ -10,43 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
-import random
 import time
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 
-from actors.warm import NAMESPACE
+from rayfl import rng
 from rayfl.algorithms.exchange import invoke
 from rayfl.algorithms.messages import ClientResult, ClientTask
-from rayfl.config import RunConfig
 from rayfl.types import Weights
-
-
-def torch_threads_for(cpus: float) -> int:
-    """Threads for a CPU share: floor(cpus), at least 1 (Ray's own OMP_NUM_THREADS rule)."""
-    return max(1, math.floor(cpus))
-
-
-def rng_states(device: str) -> tuple:
-    """The global RNGs' states (Python's, numpy's, torch's, and CUDA's on `device` cuda)."""
-    return (
-        random.getstate(),
-        np.random.get_state(),
-        torch.get_rng_state(),
-        torch.cuda.get_rng_state_all() if device == "cuda" else None,
-    )
-
-
-def restore_rng_states(states: tuple) -> None:
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-    torch.set_rng_state(states[2])
-    if states[3] is not None:
-        torch.cuda.set_rng_state_all(states[3])
 
 
 @ray.remote
@@ -63,7 +36,7 @@ class ClientActor:
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction))
             self.memory_share = min(1.0, gpu_fraction) * torch.cuda.get_device_properties(0).total_memory
         self.device = device
-        self.born = rng_states(device)
+        self.born = rng.global_states(cuda=device == "cuda")
         self.reset()
 
     def reset(self) -> bool:
@@ -74,7 +47,7 @@ class ClientActor:
         self.account: Any = None  # the federation's ClientAccount: what a client computes for the server
         self.model: Any = None  # the global model's variant (what `warm` takes through a first step)
         self.sessions: dict[int, Any] = {}
-        restore_rng_states(self.born)
+        rng.restore_global_states(self.born)
         gc.collect()
         gc.freeze()  # what outlives a run (modules, caches) is not scanned again: the next reset takes milliseconds
         return True
@@ -146,23 +119,3 @@ class ClientActor:
             "placement_group": ctx.get_placement_group_id(),
             "cuda_memory_fraction": torch.cuda.get_per_process_memory_fraction(0) if self.device == "cuda" else None,
         }
-
-
-def create_client_actors(config: RunConfig, names: list[str], pooled: bool) -> list[ray.actor.ActorHandle]:
-    """Client actors under `names`, restartable (a killed actor comes back and the executor
-    retries its task); `pooled` ones detached and placed outside any placement group (a Tune
-    trial's), to outlive the run (`actors.warm`). Each reads the federation (dataset, partition,
-    client procedure) from the object store with its run's first task: no constructor argument
-    lives in the object store, which Ray cannot guarantee across restarts (ray-project/ray#53727)."""
-    ray_cfg = config.ray
-    options: dict[str, Any] = dict(
-        num_cpus=ray_cfg.cpus_per_actor,
-        num_gpus=ray_cfg.gpus_per_actor,
-        max_restarts=-1,
-        max_task_retries=0,
-        namespace=NAMESPACE,
-    )
-    if pooled:
-        options.update(lifetime="detached", scheduling_strategy="DEFAULT")
-    threads = torch_threads_for(ray_cfg.cpus_per_actor)
-    return [ClientActor.options(name=name, **options).remote(threads, ray_cfg.gpus_per_actor) for name in names]

@@ -124,7 +124,7 @@ def main() -> None:
     plain_wall, plain_out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
     plain = json.loads(plain_out.strip().splitlines()[-1])
     runs = {}
-    from actors import head
+    from actors.driver import head
 
     if head.kept() is not None:
         sys.exit(

@@ -26,8 +26,8 @@ def main() -> None:
 
     import ray
 
-    from actors.client import create_client_actors
-    from actors.pool import RayExecutor
+    from actors.coordinator.executor import RayExecutor
+    from actors.driver.launch import create_client_actors
     from rayfl.engine import build_federation, torch_threads
     from rayfl.config.load import load_config
     from rayfl.runner import InProcessExecutor
@@ -60,7 +60,7 @@ def main() -> None:
         try:
             actors = create_client_actors(fed.config, [f"bench-{k}" for k in range(args.actors)], pooled=False)
             ray.get([a.info.remote() for a in actors])
-            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed), fed.policy))
+            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed), fed.account))
         finally:
             ray.shutdown()
     base, on_ray = timings.values()

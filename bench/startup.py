@@ -91,7 +91,7 @@ def main() -> None:
         print(json.dumps(one(args.one, sets, args.address)))
         return
 
-    from actors import head
+    from actors.driver import head
 
     if head.kept() is not None:
         sys.exit(
@@ -112,12 +112,12 @@ def main() -> None:
     head.joining(None)  # this process set up to join it (token authentication) before Ray's import
     import ray
 
-    from actors import warm
+    from actors.driver import pool
 
     try:
         for _ in range(args.repeat):
             ray.init(address=record["address"], logging_level="ERROR", log_to_driver=False)
-            print(warm.pool_command("drain"), file=sys.stderr)  # the next run starts its actors on the running head
+            print(pool.pool_command("drain"), file=sys.stderr)  # the next run starts its actors on the running head
             ray.shutdown()
             time.sleep(2.0)  # the drained actors' resources come back
             measure("warm cluster, cold pool", record["address"])

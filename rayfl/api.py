@@ -31,42 +31,11 @@ from urllib.parse import urlparse
 import yaml
 
 from . import checkpoint, storage
-from .config import ConfigError, RunConfig, to_dict
-from .config import shown
-from .engine import Progress, new_run_dir, prepare
+from .config import ConfigError, RunConfig, shown, to_dict
 from .config.load import PATHS
+from .engine import Progress, new_run_dir, prepare
 
 log = logging.getLogger("rayfl")
-
-
-def cluster_address(address: str | None) -> str | None:
-    """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the local head `rayfl
-    up` keeps (`actors.head`); None: none (a run starts a local cluster of its own)."""
-    from actors.head import joining
-
-    return joining(address)
-
-
-def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
-    """Join the running cluster (`cluster_address`), else start a local cluster sized to the
-    machine, with the dashboard on 127.0.0.1 if asked; Ray's log lines and the workers' output
-    only when `verbose`. Returns whether this call connected (and should disconnect)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    quiet = dict(
-        logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose
-    )  # rayfl speaks in its own lines
-    address = cluster_address(address)
-    if address:
-        from actors.address import probe
-
-        probe(address)
-        ray.init(address=address, **quiet)
-    else:
-        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
-    return True
 
 
 def run(
@@ -79,9 +48,9 @@ def run(
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run one federation on Ray: a coordinator actor and client actors (on a running cluster
-    borrowed warm from its pool, `actors.warm`; `run_id`, default RUN_DIR's name, names the
-    run); returns the summary. With `resume`, continue RUN_DIR from its newest checkpoint.
-    `timings`, when given, receives the seconds of each phase: `build`, `ray_start`, `actors`
+    borrowed warm from its pool, `actors/keeper.py`; `run_id`, default RUN_DIR's name, names the
+    run; `actors/driver/launch.py`); returns the summary. With `resume`, continue RUN_DIR from its
+    newest checkpoint. `timings`, when given, receives the seconds of each phase: `build`, `ray_start`, `actors`
     (started or borrowed, and warmed), `rounds`, `shutdown`. The whole input is checked before
     Ray starts: the federation is built here, once, and enters the object store once."""
     phase = Phases(timings)
@@ -91,56 +60,21 @@ def run(
     run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
-    address = cluster_address(
-        address or config.ray.address
-    )  # before Ray's import: joining a kept head sets its auth mode
+    from actors.driver.head import joining
 
-    import ray
+    address = joining(address or config.ray.address)  # before Ray's import: joining a kept head sets its auth mode
     from ray.exceptions import RayActorError, RayTaskError
 
-    from actors.coordinator import Duty, follow
-    from actors.crew import gather, release
-    from actors.pool import wait_for_actors
+    from actors.driver.launch import launch
 
-    running = ray.is_initialized() or bool(address)
-    if not running:
-        check_fits_here(config)
-    connected = connect(address, config.ray.dashboard)
-    phase("ray_start")
-    crew = None
     try:
-        crew = gather(config, run_id, pooled=running and config.ray.pool_idle_s > 0)
-        duty = Duty([ray.put(fed)], crew.clients, str(run_dir), crew.key)
-        coordinator_ready = crew.coordinator.warm.remote(duty)
-        wait_for_actors(crew.clients, config.ray.actor_timeout_s, log.info, federation_ref=duty.federation_box[0])
-        ray.get(coordinator_ready)
-        phase("actors")
-        summary = follow(crew.coordinator, duty, start, progress, config.ray.actor_timeout_s)
-        phase("rounds")
-        return summary
+        return launch(fed, start, run_dir, run_id, address, progress, phase)
     except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
         raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
     except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
         raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
-    finally:
-        if crew is not None:
-            release(crew, config.ray.actor_timeout_s)
-        if connected:
-            ray.shutdown()
-        phase("shutdown")
-
-
-def check_fits_here(config: RunConfig) -> None:
-    """A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
-    respected, as Ray does): refuse before starting it. `auto` needs room for one actor."""
-    import torch
-
-    from actors.pool import check_fits
-
-    count = 1 if config.ray.num_actors == "auto" else config.ray.num_actors
-    check_fits(config, count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, None)
 
 
 class Phases:

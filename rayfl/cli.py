@@ -247,26 +247,26 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    """`rayfl up | down | pool` (actors/head.py, actors/warm.py)."""
-    from actors import head
+    """`rayfl up | down | pool` (actors/driver/head.py, actors/driver/pool.py)."""
+    from actors.driver import head
 
     if args.command == "up":
         record = head.up(args.num_cpus, args.num_gpus, args.dashboard)
+        dashboard = f", dashboard {record['dashboard']}" if record["dashboard"] else ""
         print(
-            f"rayfl: a local Ray head is up at {record['address']}{', dashboard ' + record['dashboard'] if record['dashboard'] else ''}; rayfl run and tune join it (warm actors) until: rayfl down"
+            f"rayfl: a local Ray head is up at {record['address']}{dashboard}; rayfl run and tune join it until: rayfl down"
         )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")
     else:
-        from . import api
-
-        if not api.cluster_address(args.address):
+        if not head.joining(args.address):
             raise ConfigError(
                 "rayfl pool: no running cluster: give --address HOST:PORT, set RAY_ADDRESS, or start one with rayfl up"
             )
-        api.connect(args.address, dashboard=False)
-        from actors.warm import pool_command
+        from actors.driver.cluster import connect
+        from actors.driver.pool import pool_command
 
+        connect(args.address, dashboard=False)
         print(pool_command(args.action))
     return 0
 

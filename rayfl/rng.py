@@ -8,6 +8,7 @@ not depend on which process, actor or thread makes it, nor on the order of tasks
 from __future__ import annotations
 
 import contextlib
+import random
 import zlib
 from typing import Callable, Iterator
 
@@ -56,6 +57,26 @@ figure in docs/ was measured with); above it they are keyed draws (`KeyedPermuta
 `keyed_uniform`, held as `Column`s), so memory does not grow with N."""
 
 _MASK64 = np.uint64(2**64 - 1)
+
+
+def global_states(cuda: bool = False) -> tuple:
+    """The global RNGs' states (Python's, numpy's, torch's, and with `cuda` CUDA's): what a fresh
+    process starts with, so a pooled actor can be set back to it between runs."""
+    return (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if cuda else None,
+    )
+
+
+def restore_global_states(states: tuple) -> None:
+    """Set the global RNGs back to `states` (`global_states`)."""
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

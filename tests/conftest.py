@@ -36,9 +36,9 @@ def idle_cluster(ray_cluster):
     tests that place actors of their own)."""
     import time
 
-    from actors import warm
+    from actors.driver import pool
 
-    keeper = warm.keeper(create=False)
+    keeper = pool.keeper(create=False)
     if keeper is not None:
         ray_cluster.get(keeper.drain.remote())
     deadline = time.time() + 60

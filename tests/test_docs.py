@@ -34,3 +34,28 @@ def test_every_docs_page_is_in_the_site_navigation():
     listed = set(re.findall(r"[\w-]+\.md", yaml.safe_dump(nav)))
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert pages == listed
+
+
+def test_every_name_and_file_the_design_page_mentions_exists():
+    import importlib
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    names = sorted(set(re.findall(r"`((?:rayfl|actors|tune)\.[\w.]+)`", text)))
+    assert len(names) > 40
+    missing = []
+    for name in names:
+        parts = name.split(".")
+        for k in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:k]))
+                break
+            except ModuleNotFoundError:
+                continue
+        try:
+            for attr in parts[k:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            missing.append(name)
+    files = sorted(set(re.findall(r"`((?:rayfl|actors|tune|tests|docs)/[\w/.]*)`", text)))
+    assert len(files) > 5
+    assert missing == [] and [f for f in files if not (ROOT / f).exists()] == []

@@ -179,3 +179,56 @@ def test_the_graph_sees_a_cycle_and_an_upward_import(tmp_path):
         > layer("rayfl.algorithms.base")
         > layer("rayfl.algorithms.messages")
     )
+
+
+# --------------------------------------------------------------------------- actors/, by process
+PROCESSES = {
+    "actors.names": "any",  # leaves every process may import
+    "actors.raystate": "any",
+    "actors.client": "client actor",
+    "actors.keeper": "pool keeper",
+    "actors.coordinator": "coordinator",
+    "actors.driver": "driver",
+}
+"""Where each module of `actors/` runs (by its longest prefix)."""
+STARTS = {"driver": {"client actor", "pool keeper", "coordinator"}}
+"""A process may import another's modules only to start its actors: the driver starts them all."""
+
+
+def process(module: str) -> str:
+    return PROCESSES[max((p for p in PROCESSES if module == p or module.startswith(p + ".")), key=len)]
+
+
+def test_actors_are_cut_by_the_process_they_run_in():
+    graph = import_graph("actors")
+    assert {process(m) for m in graph if m != "actors"} == {
+        "any",
+        "client actor",
+        "pool keeper",
+        "coordinator",
+        "driver",
+    }
+    crossing = [
+        f"{m} ({process(m)}) -> {t} ({process(t)})"
+        for m, targets in graph.items()
+        if m != "actors"
+        for t in targets
+        if t != "actors" and process(t) not in ("any", process(m)) and process(t) not in STARTS.get(process(m), ())
+    ]
+    assert crossing == []
+    leaves = [f"{m} -> {t}" for m, ts in graph.items() if m in PROCESSES and process(m) == "any" for t in ts]
+    assert leaves == []
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import cycle: {' -> '.join(exc.args[1])}") from None
+
+
+def test_rays_private_api_is_read_in_one_module():
+    readers = sorted(
+        str(path.relative_to(ROOT))
+        for package in ("rayfl", "actors", "tune")
+        for path in (ROOT / package).rglob("*.py")
+        if "ray._private" in path.read_text() or "ray._raylet" in path.read_text()
+    )
+    assert readers == ["actors/raystate.py"]

@@ -54,7 +54,9 @@ def plugin_path(tmp_path):
 def rayfl(plugin_path, *args, cwd):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "rayfl", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "rayfl", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_an_algorithm_from_another_package_is_listed_and_runs_on_ray_and_tune_by_name(plugin_path, tmp_path):

@@ -76,7 +76,9 @@ def test_the_catalog_lists_every_registered_name_and_only_those():
     from rayfl.models import families
 
     # the built-in algorithms' listing is written from their registrations: stale, it fails here
-    assert catalog.ALGORITHMS == {name: a.summary for name, a in registry.builtin().items()}, "python -m rayfl.algorithms"
+    assert catalog.ALGORITHMS == {name: a.summary for name, a in registry.builtin().items()}, (
+        "python -m rayfl.algorithms"
+    )
     assert len(registry.builtin()) == 27 and set(catalog.ALGORITHMS) <= set(registry.algorithms())
     assert set(catalog.DATASETS) == set(sources())
     assert set(catalog.MODELS) == set(families())

@@ -1,8 +1,8 @@
 """Ray Tune over federations: one trial = one federation on Ray, reported every evaluated round.
 
 A trial runs `rayfl.api.run` (the coordinator actor and its client actors, as `rayfl run` does;
-`ray.num_actors: auto` means 1 actor in a trial). By default (`ray.pool_idle_s` > 0) the trials
-borrow warm actors from the cluster's pool (`actors.warm`) and hand them back for the next
+`ray.num_actors: auto` means the actors it plans for, `Resources.planned`: 1 on CPUs). By default (`ray.pool_idle_s` > 0) the trials
+borrow warm actors from the cluster's pool (`actors/keeper.py`) and hand them back for the next
 trial, and Tune reuses each trial's own process (`reuse_actors`): a trial's placement group is
 one bundle on the head node for the trial's driver (`coordinator_cpus` CPUs, 0 by default), and
 `max_concurrent_trials` is cut to the trials whose client actors fit the cluster at once, so
@@ -34,7 +34,8 @@ import pandas as pd
 import yaml
 from ray import tune
 
-from actors.warm import HEAD_RESOURCE
+from actors.driver.cluster import connect
+from actors.names import HEAD_RESOURCE
 from rayfl import api, checkpoint
 from rayfl.config import ConfigError, RunConfig, to_dict
 from rayfl.metrics import read_metrics
@@ -57,25 +58,14 @@ def param_space(exp: Experiment) -> dict[str, Any]:
     return {key: make[kind](arg) for key, (kind, arg) in exp.domains.items()}
 
 
-def num_actors(config: RunConfig) -> int:
-    """Client actors of one trial: `ray.num_actors`, with `auto` read as 1."""
-    return 1 if config.ray.num_actors == "auto" else config.ray.num_actors
-
-
-def per_actor(config: RunConfig) -> dict[str, float]:
-    client = {"CPU": config.ray.cpus_per_actor}
-    if config.ray.gpus_per_actor > 0:
-        client["GPU"] = config.ray.gpus_per_actor
-    return client
-
-
 def bundles(config: RunConfig, coordinator_cpus: float) -> list[dict[str, float]]:
     """The trial's placement group: the coordinator's bundle, then one per client actor; with
     pooled actors (outside any group) only the first, on the head node (a bundle must ask for
     something; this asks for no CPU)."""
     if config.ray.pool_idle_s > 0:
         return [{"CPU": coordinator_cpus, HEAD_RESOURCE: 0.001}]
-    return [{"CPU": coordinator_cpus}] + [per_actor(config) for _ in range(num_actors(config))]
+    resources = config.resources
+    return [{"CPU": coordinator_cpus}] + [resources.each for _ in range(resources.planned)]
 
 
 def concurrent_trials(exp: Experiment, cluster: dict[str, float]) -> int:
@@ -84,7 +74,7 @@ def concurrent_trials(exp: Experiment, cluster: dict[str, float]) -> int:
     config, most = exp.base_config, exp.spec.max_concurrent_trials
     if config.ray.pool_idle_s == 0:
         return most
-    trial = {key: need * num_actors(config) for key, need in per_actor(config).items()}
+    trial = config.resources.need(config.resources.planned)
     trial["CPU"] += exp.spec.coordinator_cpus  # the trial's driver
     fits = [math.floor(cluster.get(key, 0.0) / need + 1e-9) for key, need in trial.items()]
     return max(1, min([most, *fits]))
@@ -124,7 +114,7 @@ class Reporter:
 def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str) -> None:
     """The trainable: one federation with the trial's values, on Ray, inside the trial's group."""
     config = trial_config(base, params)
-    config = config.model_copy(update={"ray": config.ray.model_copy(update={"num_actors": num_actors(config)})})
+    config = config.model_copy(update={"ray": config.ray.model_copy(update={"num_actors": config.resources.planned})})
     trial_id = tune.get_context().get_trial_id()
     run_dir = Path(experiment_dir) / trial_id / RUN
     resume = checkpoint.exists(run_dir)
@@ -323,7 +313,7 @@ def run_experiment(
     if not verbose:  # Tune's legacy reporter prints nothing at verbosity 0 (the new one still prints its header)
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # relative paths in configs mean the same as in `rayfl run`
-    connected = api.connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard, verbose)
+    connected = connect(address or exp.base_config.ray.address, exp.base_config.ray.dashboard, verbose)
     import ray
 
     try:

@@ -37,7 +37,6 @@ class FedAvgConfig(AlgorithmConfig):
 class FedAvgPolicy(ServerPolicy):
     """FedAvg's server half; subclasses change the server optimizer (`opt_init`)."""
 
-
     def opt_init(self, params: Weights) -> server_opt.ServerOptState:
         cfg = self.config.algorithm
         return server_opt.init("sgd", params, eta=cfg.server_lr, beta1=cfg.server_momentum)

@@ -359,8 +359,7 @@ class FedSupPolicy(ServerPolicy):
     def personalize(self, state: ServerState, round: Round, evaluator) -> dict[str, float]:
         big = self.children["big"]
         return head_scores(
-            self,
-            evaluator.models.load(big.config(self.super), self.subnet(state, big)), round, evaluator
+            self, evaluator.models.load(big.config(self.super), self.subnet(state, big)), round, evaluator
         )
 
     def global_model(self) -> ModelConfig:

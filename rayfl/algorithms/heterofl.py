@@ -168,7 +168,6 @@ class HeteroFLTask(ClientTask):
 
 
 class HeteroFLPolicy(ServerPolicy):
-
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         if not isinstance(config.model, ScaledConfig):

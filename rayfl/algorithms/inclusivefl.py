@@ -182,7 +182,6 @@ class InclusiveFLPolicy(ServerPolicy):
     """Depth groups with their own top layers, heads, server optimizers and momenta. The depth
     baselines (`alllarge_depth`, ...) are the same policy with one group (`plan`)."""
 
-
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         self.groups = self.plan(config, context.classes("InclusiveFL's depth groups"))

@@ -69,7 +69,6 @@ class LGFedAvgPolicy(ServerPolicy):
     """FedAvg over theta^g; each client's theta^l_k kept in `ServerState.clients`. The state's
     weights hold theta^l_0 (what a new client starts from) and the current theta^g."""
 
-
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         model = build_model(config.model, context.input_shape, context.num_classes)

@@ -115,7 +115,6 @@ def mix(logits: Sequence[torch.Tensor], n: int) -> torch.Tensor:
 class SplitMixPolicy(ServerPolicy):
     """K base networks; each client trains its budget's share of them; per-base FedAvg."""
 
-
     def __init__(self, config: RunConfig, context: FederationContext):
         super().__init__(config, context)
         rates = client_rates(config, context)

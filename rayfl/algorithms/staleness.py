@@ -44,7 +44,9 @@ def weight(staleness: int, cfg: StalenessConfig) -> float:
     return 1.0 if staleness <= cfg.b else 1.0 / (cfg.a * (staleness - cfg.b) + 1.0)
 
 
-def fedasync(result: ClientResult, current: Weights, staleness: int, cfg: StalenessConfig, alpha: float) -> ClientResult:
+def fedasync(
+    result: ClientResult, current: Weights, staleness: int, cfg: StalenessConfig, alpha: float
+) -> ClientResult:
     """FedAsync (Alg. 1): the mixed model, (1 - alpha_t) x + alpha_t x_new, alpha_t = alpha s(t - tau);
     aggregated alone, with FedAvg's server step at eta = 1 it is x_t itself."""
     return result.replace(weights=aggregate.mix(current, result.weights, alpha * weight(staleness, cfg)))

@@ -136,7 +136,9 @@ class Queue:
         """Send the tasks dispatched since the last call, in groups, to train now."""
         if self.unsent:
             self.batch_of.update((key(t), len(self.batches)) for t in self.unsent)
-            self.batches.append((self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size), False)))
+            self.batches.append(
+                (self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size), False))
+            )
             self.unsent = []
 
     def record(self, task: ClientTask) -> Settled:

@@ -134,7 +134,9 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         + [(f, r, t, state.round - f.version) for f, r, t in carried],
         key=lambda x: x[0].key,
     )
-    new, accepted = merge_arrivals(fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged], carry_onto(fed, state))
+    new, accepted = merge_arrivals(
+        fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged], carry_onto(fed, state)
+    )
     rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
     for row, (a, _, _) in zip(rows, on_time):
         if "total_s" in row:  # a skipped client cost nothing and waited for nothing

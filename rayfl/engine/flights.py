@@ -83,7 +83,11 @@ trained from the current model (`staleness`: FedAsync's mix, FedBuff's rebase, a
 
 
 def merge_arrivals(
-    fed: Federation, state: ServerState, rnd: Round, arrivals: Sequence[tuple[ClientResult, ClientTask, int]], move: Move
+    fed: Federation,
+    state: ServerState,
+    rnd: Round,
+    arrivals: Sequence[tuple[ClientResult, ClientTask, int]],
+    move: Move,
 ) -> tuple[ServerState, list[ClientResult]]:
     """The policy's aggregate over arrived updates (result, its task, its staleness), in the order
     given, each moved onto `state`'s model by the scheduler's `move`; as in a synchronous round, a

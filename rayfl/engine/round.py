@@ -238,7 +238,9 @@ def evaluate(fed: Federation, outcome: RoundOutcome) -> RoundOutcome:
         return outcome
     row = {**outcome.row, **fed.policy.evaluate(outcome.state, rnd, fed.evaluator)}
     if cfg.personalize_epochs:
-        personalize = fed.policy.personalize if isinstance(fed.policy, Personalizes) else partial(fine_tuned_head, fed.policy)
+        personalize = (
+            fed.policy.personalize if isinstance(fed.policy, Personalizes) else partial(fine_tuned_head, fed.policy)
+        )
         row.update(personalize(outcome.state, rnd, fed.evaluator))
     return replace(outcome, row=row)
 

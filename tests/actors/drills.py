@@ -27,17 +27,17 @@ def checkpoint_of(run_dir: Path, round: int) -> Path:
 
 def actors_of(run_id: str, role: str) -> list:
     """The live run's actors in `role` (`coordinator`, `client`): its own, named after it, or
-    those it borrowed from the warm pool (`actors.warm`)."""
+    those it borrowed from the warm pool (`actors/keeper.py`)."""
     import ray
 
-    from actors import warm
+    from actors.driver import pool
 
     own = [
         n["name"]
         for n in ray.util.list_named_actors(all_namespaces=True)
         if n["name"].startswith(f"rayfl:{run_id}:{role}")
     ]
-    keeper = warm.keeper(create=False)
+    keeper = pool.keeper(create=False)
     leases = [] if keeper is None else ray.get(keeper.status.remote())["leased"]
     borrowed = [
         name

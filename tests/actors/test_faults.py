@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from actors.pool import PoolLost, RayExecutor
+from actors.coordinator.executor import ActorsLost, RayExecutor
 from rayfl import api
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
@@ -74,7 +74,7 @@ def test_a_pool_whose_actors_stay_dead_ends_the_run_with_the_resume_hint(ray_clu
         api.run(cfg, run_dir)
     killer.join()
     message = str(failed.value)
-    assert message.startswith("PoolLost: no client actor answered for") and "ray.actor_timeout_s = 15 s" in message
+    assert message.startswith("ActorsLost: no client actor answered for") and "ray.actor_timeout_s = 15 s" in message
     assert "\n" not in message and message.endswith(f"continue it with: rayfl run --resume {run_dir}")
     rounds = metrics_of(run_dir)
     assert rounds["num_failed"].sum() == 0  # no round of failed clients was recorded as done
@@ -207,7 +207,7 @@ def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     ]
     executor, groups, notes = flaky(doomed=[4], deaths=99)
     executor.max_failed_fraction = 0.1
-    with pytest.raises(PoolLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
+    with pytest.raises(ActorsLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
         executor.submit(groups, False)()
     assert len(rounds_run_again(notes)) == 2
 

@@ -147,7 +147,7 @@ def test_submit_wait_then_read_the_job_and_actors_from_the_dashboard(head_node, 
     assert jobs[job_id]["entrypoint"].startswith("python -m rayfl run --config-env RAYFL_CONFIG")
     assert get(f"{url}/api/jobs/{job_id}", token)["status"] == "SUCCEEDED"
 
-    # The job's actors outlive it, warm in the cluster's pool for the next run (actors/warm.py).
+    # The job's actors outlive it, warm in the cluster's pool for the next run (actors/keeper.py).
     actors = get(f"{url}/api/v0/actors?limit=200", token)["data"]["result"]["result"]
     alive = sorted(
         (a["name"].rsplit("-", 1)[0], a["class_name"])

@@ -1,9 +1,8 @@
-"""Fractional GPU placement on logical GPUs, and pool sizing."""
+"""Fractional GPU placement on logical GPUs, and the client actors a run asks for (`Resources`)."""
 
 import pytest
 
-from actors.client import create_client_actors
-from actors.pool import pool_size
+from actors.driver.launch import create_client_actors
 from rayfl.config import ConfigError
 from rayfl.config.load import load_config
 
@@ -20,13 +19,13 @@ pytestmark = pytest.mark.ray
         (["ray.num_actors=3"], {"CPU": 1.0}, 3),
     ],
 )
-def test_auto_pool_size(overrides, available, expected):
-    assert pool_size(load_config(None, overrides), available) == expected
+def test_auto_actor_count(overrides, available, expected):
+    assert load_config(None, overrides).resources.count(available) == expected
 
 
 def test_no_room_is_a_clear_error():
     with pytest.raises(ConfigError, match="ray: no room for one client actor"):
-        pool_size(load_config(None, ["ray.gpus_per_actor=0.5"]), {"CPU": 2.0})
+        load_config(None, ["ray.gpus_per_actor=0.5"]).resources.count({"CPU": 2.0})
 
 
 def test_eight_quarter_gpu_actors_run_on_two_gpus_and_a_ninth_waits(idle_cluster):

@@ -187,7 +187,7 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
 
 def test_the_series_list_is_what_the_coordinator_declares():
     # Checked without Prometheus too: a series dropped from the coordinator fails here.
-    from actors.coordinator import DashboardMetrics as D
+    from actors.coordinator.dashboard import DashboardMetrics as D
 
     gauges = {*D.GAUGES, D.ROUND_WALL[0], D.ACTORS_ALIVE[0]}
     assert SERIES == {f"ray_{n}" for n in gauges} | {f"ray_{D.BYTES[0]}_total", f"ray_{D.CLIENTS[0]}_total"}

@@ -208,17 +208,17 @@ def test_actors_that_never_fit_exit_2_at_once(tmp_path):
 
 def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
     ray_cluster = idle_cluster
-    from actors.client import create_client_actors
-    from actors.pool import check_fits, placed, wait_for_actors
+    from actors import raystate
+    from actors.driver.launch import create_client_actors, wait_for_actors
     from rayfl.config import ConfigError
 
     cfg = load_config(None, ["ray.cpus_per_actor=1", "model.name=mlp"])
     # An autoscaling cluster that can grow to 4 CPUs fits 3 actors of 1 CPU, not 5.
-    check_fits(cfg, 3, {"CPU": 2.0}, {"CPU": 4})
+    cfg.resources.check_fits(3, {"CPU": 4}, grows=True)
     with pytest.raises(
         ConfigError, match=r"^ray.num_actors: 5 client actors x 1 CPU need 5 CPU; the cluster has 4 even at its largest"
     ):
-        check_fits(cfg, 5, {"CPU": 2.0}, {"CPU": 4})
+        cfg.resources.check_fits(5, {"CPU": 4}, grows=True)
     actors = create_client_actors(
         cfg, [f"pending-test-{k}" for k in range(3)], pooled=False
     )  # 3 CPUs on a 2-CPU cluster
@@ -232,12 +232,12 @@ def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
         for actor in actors:
             ray_cluster.kill(actor)
     assert notes and "for 1 of 3 client actors to be placed (free now: {'CPU': 0.0, 'GPU': 2.0}" in notes[-1]
-    assert sorted(placed(a) for a in actors) == [False, True, True]
+    assert sorted(raystate.placed(a) for a in actors) == [False, True, True]
 
 
 def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster):
     ray_cluster = idle_cluster
-    from actors.pool import wait_for_actors
+    from actors.driver.launch import wait_for_actors
 
     @ray_cluster.remote(num_cpus=1)
     class SlowStart:

@@ -1,4 +1,4 @@
-"""Warm actors shared between runs (actors/warm.py): no state of one run reaches the next, a dead
+"""Warm actors shared between runs (actors/keeper.py): no state of one run reaches the next, a dead
 run's actors come back, idle ones leave, and `rayfl pool` / `rayfl up` / `rayfl down`."""
 
 import os
@@ -10,7 +10,8 @@ import time
 import pandas as pd
 import pytest
 
-from actors import warm
+from actors import names
+from actors.driver import pool
 from rayfl import api
 from rayfl.config.load import load_config
 from tests.actors.drills import checkpoint_of
@@ -21,18 +22,18 @@ pytestmark = pytest.mark.ray
 REFERENCE = ["federation.rounds=3", "ray.num_actors=2"]
 
 
-def pool(ray):
-    return ray.get(warm.keeper().status.remote())
+def pool_status(ray):
+    return ray.get(pool.keeper().status.remote())
 
 
 def idle_names(ray):
-    return sorted(e["name"] for e in pool(ray)["idle"])
+    return sorted(e["name"] for e in pool_status(ray)["idle"])
 
 
 @pytest.fixture(scope="module")
 def fresh(ray_cluster, tmp_path_factory):
     """The reference run on new actors (the pool drained first), and the actors it left idle."""
-    ray_cluster.get(warm.keeper().drain.remote())
+    ray_cluster.get(pool.keeper().drain.remote())
     run_dir = tmp_path_factory.mktemp("fresh") / "run"
     api.run(load_config(None, REFERENCE), run_dir)
     return tables(run_dir), idle_names(ray_cluster)
@@ -107,13 +108,13 @@ def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(
         time.sleep(0.05)
     assert driver.poll() is None, driver.stderr.read().decode()[-2000:]
     assert (
-        sorted(name for held in pool(ray_cluster)["leased"] for name in held["actors"]) == fresh[1]
+        sorted(name for held in pool_status(ray_cluster)["leased"] for name in held["actors"]) == fresh[1]
     )  # it borrowed the warm actors
     os.killpg(driver.pid, signal.SIGKILL)  # no hand-back: its coordinator runs on, detached, until told to stop
     driver.wait()
     api.run(load_config(None, REFERENCE), tmp_path / "after_killed")
     assert_equals_fresh(fresh, tmp_path / "after_killed")
-    assert idle_names(ray_cluster) == fresh[1] and pool(ray_cluster)["leased"] == []
+    assert idle_names(ray_cluster) == fresh[1] and pool_status(ray_cluster)["leased"] == []
     stopped = len(pd.read_parquet(killed / "metrics.parquet"))
     time.sleep(2.0)
     assert (
@@ -122,32 +123,32 @@ def test_a_run_after_a_killed_run_equals_the_fresh_run_and_the_killed_run_stops(
 
 
 def test_idle_actors_leave_after_the_idle_time_and_drain_empties_the_pool(ray_cluster, tmp_path):
-    ray_cluster.get(warm.keeper().drain.remote())
+    ray_cluster.get(pool.keeper().drain.remote())
     api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1", "ray.pool_idle_s=1.5"]), tmp_path / "short")
     started = time.time()
-    while pool(ray_cluster)["idle"] and time.time() - started < 30:
+    while pool_status(ray_cluster)["idle"] and time.time() - started < 30:
         time.sleep(0.1)
-    assert pool(ray_cluster)["idle"] == [] and time.time() - started >= 1.0
+    assert pool_status(ray_cluster)["idle"] == [] and time.time() - started >= 1.0
     api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1"]), tmp_path / "kept")
-    assert len(pool(ray_cluster)["idle"]) == 2  # a coordinator host and a client actor, for 300 s
-    assert warm.pool_command("drain") == "2 idle actors sent away; 0 leased to runs still going"
-    assert pool(ray_cluster) == {"idle": [], "leased": []}
+    assert len(pool_status(ray_cluster)["idle"]) == 2  # a coordinator host and a client actor, for 300 s
+    assert pool.pool_command("drain") == "2 idle actors sent away; 0 leased to runs still going"
+    assert pool_status(ray_cluster) == {"idle": [], "leased": []}
 
 
 def test_with_no_idle_time_a_run_keeps_no_actor(ray_cluster, tmp_path):
-    ray_cluster.get(warm.keeper().drain.remote())
+    ray_cluster.get(pool.keeper().drain.remote())
     api.run(load_config(None, ["federation.rounds=1", "ray.num_actors=1", "ray.pool_idle_s=0"]), tmp_path / "run")
-    assert pool(ray_cluster) == {"idle": [], "leased": []}
-    assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if a["name"] != warm.KEEPER]
+    assert pool_status(ray_cluster) == {"idle": [], "leased": []}
+    assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if a["name"] != names.KEEPER]
 
 
 def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatch):
-    before = warm.kinds(1.0, 0.0, "head", 3)
-    monkeypatch.setattr(warm, "_DIGEST", ["0123456789ab"])
-    after = warm.kinds(1.0, 0.0, "head", 3)
+    before = names.kinds(1.0, 0.0, "head", 3)
+    monkeypatch.setattr(names, "_DIGEST", ["0123456789ab"])
+    after = names.kinds(1.0, 0.0, "head", 3)
     assert before != after and all("0123456789ab" in kind for kind in after)
     assert (
-        warm.kinds(0.5, 0.0, "head", 3)[1] != after[1] and warm.kinds(1.0, 0.25, "head", 3)[1] != after[1]
+        names.kinds(0.5, 0.0, "head", 3)[1] != after[1] and names.kinds(1.0, 0.25, "head", 3)[1] != after[1]
     )  # resources and device key them too
 
 

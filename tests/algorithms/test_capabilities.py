@@ -139,7 +139,9 @@ class Averaging(ServerPolicy):
         SHAPES.append((len(results), all(bool(r.weights) for r in results), not total))
         if not results:
             return state.replace(round=round)
-        weights = {k: np.mean([r.weights[k] for r in results], axis=0).astype(v.dtype) for k, v in state.weights.items()}
+        weights = {
+            k: np.mean([r.weights[k] for r in results], axis=0).astype(v.dtype) for k, v in state.weights.items()
+        }
         return state.replace(round=round, weights=weights)
 
 
@@ -198,4 +200,3 @@ def test_config_checks_refuse_at_load_and_a_collapse_warns_before_the_run(tmp_pa
         log.removeHandler(seen)
     assert [m for m in messages if "picky" in m and "nothing to adapt to" in m]
     assert issubclass(Picky, ChecksConfig) and isinstance(Picky.__new__(Picky), Collapses)
-

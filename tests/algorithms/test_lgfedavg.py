@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from rayfl.algorithms import aggregate
+from rayfl.algorithms.capabilities import ClientAccount
 from rayfl.algorithms.lgfedavg import LGFedAvgPolicy, global_keys
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.config.load import load_config, parse_config
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.models import build_model
 from rayfl.runner import InProcessExecutor
 from tests.algorithms.tiny import aggregated
@@ -83,7 +84,7 @@ def test_the_body_persists_per_client_and_only_global_bytes_travel():
     assert (new.body["1.weight"] == 0).all()  # a first selection starts from theta^l_0
     assert set(old.weights) == {"5.weight", "5.bias"} and old.weights["5.bias"].tolist() == [1.0, 2.0]
     _, up = hand(3.0, 3.0, [3, 3])
-    _, down_bytes, up_bytes = policy.client_cost(
+    _, down_bytes, up_bytes = ClientAccount.of(policy).cost(
         old,
         ClientResult(
             client_id=0, round=2, weights=up, num_examples=10, num_samples=10, train_loss=0.0, keep={"body": b0}

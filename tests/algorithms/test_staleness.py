@@ -91,7 +91,12 @@ def test_a_carried_deadline_update_keeps_its_weight_among_the_fresh_ones():
     state = policy.init_state({"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)})
     fresh = result(0, [0.0, 2.0], 10)
     late = carried(
-        result(1, [0.0, 4.0], 30), {"w": np.zeros(2, np.float32), "b": np.zeros(1)}, state.weights, 3, fed.staleness, {"w"}
+        result(1, [0.0, 4.0], 30),
+        {"w": np.zeros(2, np.float32), "b": np.zeros(1)},
+        state.weights,
+        3,
+        fed.staleness,
+        {"w"},
     )
     assert late.num_examples == 30
     new = aggregated(policy, state, 1, [fresh, late])

@@ -46,9 +46,9 @@ def every(seconds, step):
 def our_actors(ray, run_prefix, role):
     """(run id, name, handle) of the live actors in `role` of runs `<run_prefix>...`: their own
     (`rayfl:<run>:<role>...`) and those they borrowed from the warm pool."""
-    from actors import warm
+    from actors.driver import pool
 
-    keeper = warm.keeper(create=False)
+    keeper = pool.keeper(create=False)
     leases = [] if keeper is None else ray.get(keeper.status.remote())["leased"]
     owners = {name: held["run"] for held in leases if held["run"].startswith(run_prefix) for name in held["actors"]}
     for actor in ray.util.list_named_actors(all_namespaces=True):
@@ -188,7 +188,7 @@ def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_thei
 
 def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse_them(idle_cluster, tmp_path):
     ray = idle_cluster
-    from actors import warm
+    from actors.driver import pool
 
     # 4 trials of 2 client actors x 0.5 CPU: two at once fill the 2 CPUs; the next two borrow
     # the actors the first two handed back.
@@ -197,7 +197,7 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
     samples = []
 
     def sample():
-        keeper = warm.keeper(create=False)
+        keeper = pool.keeper(create=False)
         if keeper is not None:
             samples.append(
                 [held for held in ray.get(keeper.status.remote())["leased"] if held["run"].startswith("warm-")]

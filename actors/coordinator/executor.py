@@ -1,9 +1,9 @@
-"""Pool sizing and the Ray executor: any idle client actor takes the next task.
+"""The Ray executor, in the coordinator's process: any idle client actor takes the next group.
 
 The executor puts each distinct weights dict in the object store once per round and passes
 the reference, so every actor reads the same arrays zero-copy. Tasks travel in groups
 (`ray.clients_per_call` clients per actor call), each run by the core's `run_group`, which
-returns one partial sum for the group where the algorithm's aggregate is a sum. A group whose
+returns one partial sum for the group where the scheduler says the call sums. A group whose
 actor dies goes to another; the actor gets no work until it answers again (Ray restarts it).
 A failure of the infrastructure never passes for a finished round: see `RayExecutor`. Under
 `clock: emulate` an actor that finished early holds until its clients' scaled virtual times
@@ -17,116 +17,28 @@ import copy
 import dataclasses
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from rayfl.algorithms.capabilities import ClientAccount
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
-from rayfl.config import ConfigError, RunConfig
 from rayfl.engine.host import GroupOutcome, exchange_failed, failed_all, settle_all
 from rayfl.engine.round import Pace
 
 log = logging.getLogger("rayfl")
 
-
-def pool_size(config: RunConfig, available: Mapping[str, float]) -> int:
-    """`num_actors: auto`: as many actors as the free CPUs and GPUs hold, at most the round size."""
-    ray_cfg = config.ray
-    if ray_cfg.num_actors != "auto":
-        return ray_cfg.num_actors
-    fits = [config.federation.clients_per_round, math.floor(available.get("CPU", 0) / ray_cfg.cpus_per_actor + 1e-9)]
-    if ray_cfg.gpus_per_actor > 0:
-        fits.append(math.floor(available.get("GPU", 0) / ray_cfg.gpus_per_actor + 1e-9))
-    size = min(fits)
-    if size < 1:
-        have = {k: available.get(k, 0) for k in ("CPU", "GPU")}
-        raise ConfigError(
-            f"ray: no room for one client actor (cpus_per_actor={ray_cfg.cpus_per_actor}, "
-            f"gpus_per_actor={ray_cfg.gpus_per_actor}; free {have})"
-        )
-    return size
+LOST = (RayActorError, ObjectLostError)
+"""A call whose actor died (killed, its node lost, restarting), or whose finished result was lost
+with its node before it was read (an actor task's result is not reconstructed): run it again."""
 
 
-def check_fits(config: RunConfig, count: int, cluster: Mapping[str, float], most: Mapping[str, float] | None) -> None:
-    """`ConfigError` naming `ray.num_actors` when `count` client actors can never be placed: beyond
-    the cluster's total resources (`most` is None: a fixed-size cluster) or beyond the most an
-    autoscaling cluster can grow to (`most`)."""
-    limit = cluster if most is None else most
-    per = {"CPU": config.ray.cpus_per_actor, "GPU": config.ray.gpus_per_actor}
-    for key, each in per.items():
-        need, have = count * each, float(limit.get(key, 0))
-        if need > have + 1e-9:
-            grows = "" if most is None else " even at its largest"
-            raise ConfigError(
-                f"ray.num_actors: {count} client actors x {each:g} {key} need {need:g} {key}; the cluster has {have:g}{grows}"
-            )
-
-
-def wait_for_actors(
-    actors: Sequence[ray.actor.ActorHandle],
-    timeout_s: float,
-    report: Callable[[str], None],
-    every_s: float = 5.0,
-    federation_ref: ray.ObjectRef | None = None,
-) -> None:
-    """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
-    reporting what is still pending every `every_s` seconds (actors that fit the cluster may wait
-    for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
-    actor that dies meanwhile is asked again once Ray restarted it; one whose constructor failed
-    raises here."""
-    call = (lambda a: a.info.remote()) if federation_ref is None else (lambda a: a.warm.remote([federation_ref]))
-    owner = {call(a): a for a in actors}
-    started = reported = time.monotonic()
-    while True:
-        ready, _ = ray.wait(list(owner), num_returns=len(owner), timeout=every_s)
-        for ref in ready:
-            actor = owner.pop(ref)
-            try:
-                ray.get(ref)
-            except ActorUnavailableError:  # killed while it warmed up, or restarting: ask it again
-                owner[call(actor)] = actor
-            except RayActorError as exc:  # dead for good (its constructor failed, or no restarts left)
-                raise RuntimeError(
-                    f"client actor {actors.index(actor)} died while starting ({type(exc).__name__})"
-                ) from None
-        if not owner:
-            return
-        waited = time.monotonic() - started
-        available = ray.available_resources()
-        free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
-        if waited >= timeout_s:
-            raise RuntimeError(
-                f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})"
-            )
-        if time.monotonic() - reported >= every_s:
-            reported = time.monotonic()
-            unplaced = sum(not placed(a) for a in owner.values())  # the others are placed, starting or warming up
-            if unplaced:
-                report(
-                    f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)"
-                )
-
-
-def placed(actor: ray.actor.ActorHandle) -> bool:
-    """Whether Ray has given the actor a worker process (its constructor may still be running).
-    Read from the GCS's actor table (`ray._private.state`: the public State API needs the
-    dashboard); an actor Ray cannot say anything about counts as unplaced."""
-    from ray._private import state
-
-    try:
-        return int(state.actors(actor._actor_id.hex()).get("Pid", 0)) > 0
-    except Exception:  # noqa: BLE001 - an internal table: any failure means "unknown"
-        return False
-
-
-class PoolLost(RuntimeError):
+class ActorsLost(RuntimeError):
     """The client actors could not carry the run: none answered within `ray.actor_timeout_s`, or
     a round kept losing more than `federation.max_failed_fraction` of its clients to dying actors."""
 
@@ -144,9 +56,9 @@ class RayExecutor:
     `max_attempts` tries its clients are lost to the infrastructure. Where more than
     `max_failed_fraction` of a submission's clients are lost, the lost groups are run again
     (they give the same results: every draw is keyed by round and client) up to `max_attempts`
-    times, and said so through `report`; then `PoolLost`. With no actor answering, the pool
+    times, and said so through `report`; then `ActorsLost`. With no actor answering, the pool
     waits for Ray to restart or replace them, reporting every 5 s, at most `timeout_s`
-    (`ray.actor_timeout_s`); then `PoolLost`."""
+    (`ray.actor_timeout_s`); then `ActorsLost`."""
 
     def __init__(
         self,
@@ -188,7 +100,7 @@ class RayExecutor:
         """Send the first groups to the idle actors now (each summed where it runs with `sums`); the
         returned call feeds the rest to actors as they free up and returns every group's outcome
         in group order."""
-        work = _Dispatch(self, groups, sums, pace)
+        work = Dispatch(self, groups, sums, pace)
         work.feed()
         self.turn += len(groups)  # submissions overlap (asynchronous federations): spread them
         return work.gather
@@ -198,7 +110,7 @@ class RayExecutor:
         return settle_all(self.account, group, failed_all(group, reason), sums=False)
 
     def wait_until_up(self, actors: Sequence[ray.actor.ActorHandle]) -> None:
-        """Block until each of `actors` answers a probe (`PoolLost` after `timeout_s`, a report every 5 s)."""
+        """Block until each of `actors` answers a probe (`ActorsLost` after `timeout_s`, a report every 5 s)."""
         started = reported = time.monotonic()
         waiting = list(actors)
         while waiting:
@@ -209,7 +121,7 @@ class RayExecutor:
             except (RayActorError, ray.exceptions.GetTimeoutError):
                 now = time.monotonic()
                 if now - started > self.timeout_s:
-                    raise PoolLost(
+                    raise ActorsLost(
                         f"client actors did not answer within ray.actor_timeout_s = {self.timeout_s:g} s"
                     ) from None
                 if now - reported >= 5.0:
@@ -227,7 +139,7 @@ class RayExecutor:
         round (round-robin in task order over the actors that answer). An actor runs its calls in
         order; an error in a session fails every session of the round. When an actor dies, the
         round's exchange runs again from the driver's state at its start, on the actors that
-        answer (`max_attempts` times; then `PoolLost`)."""
+        answer (`max_attempts` times; then `ActorsLost`)."""
         if not tasks:
             return []
         refs = self.put_weights(tasks)
@@ -245,10 +157,10 @@ class RayExecutor:
                 return ray.get([a.close_session.remote(c) for a, c in homes])
             except RayTaskError as exc:
                 return exchange_failed(tasks, f"{type(exc.cause).__name__}: {exc.cause}")
-            except RayActorError as exc:
+            except LOST as exc:
                 self.down |= {id(a) for a, _ in homes}
                 if attempt == self.max_attempts:
-                    raise PoolLost(
+                    raise ActorsLost(
                         f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})"
                     ) from None
                 self.report(
@@ -308,7 +220,7 @@ class ActorRelay:
         self.pending += self.send(method, args)
 
 
-class _Dispatch:
+class Dispatch:
     """One submission's groups in flight on a `RayExecutor`'s actors, with the probes of the
     actors that stopped answering and the pacing holds of `clock: emulate`."""
 
@@ -365,7 +277,7 @@ class _Dispatch:
             kind, actor, k, sent = self.inflight.pop(ready[0])
             try:
                 outcome = ray.get(ready[0])
-            except RayActorError:  # killed, its node lost, or restarting: no work until a probe answers
+            except LOST:  # killed, its node lost (its result too), or restarting: no work until a probe answers
                 self.ex.down.add(id(actor))
                 self.probes.append((time.monotonic() + (1.0 if kind == "probe" else 0.0), actor))
                 if kind == "group":
@@ -400,7 +312,7 @@ class _Dispatch:
 
     def run_lost_again(self) -> bool:
         """Once every group settled: whether the lost groups run again (more than
-        `max_failed_fraction` of the clients lost, `max_attempts` runs at most, then `PoolLost`);
+        `max_failed_fraction` of the clients lost, `max_attempts` runs at most, then `ActorsLost`);
         else their clients are recorded as failed."""
         if not self.lost:
             return False
@@ -414,7 +326,7 @@ class _Dispatch:
             self.lost.clear()
             return False
         if self.runs == self.ex.max_attempts:
-            raise PoolLost(
+            raise ActorsLost(
                 f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs (federation.max_failed_fraction = {fraction:g})"
             )
         self.ex.report(
@@ -428,7 +340,7 @@ class _Dispatch:
         return True
 
     def starving(self) -> None:
-        """While work waits and no actor answers: a report every 5 s, `PoolLost` after `timeout_s`."""
+        """While work waits and no actor answers: a report every 5 s, `ActorsLost` after `timeout_s`."""
         if not (self.pending and not self.idle and not any(kind != "probe" for kind, *_ in self.inflight.values())):
             self.starved = None
             return
@@ -437,7 +349,7 @@ class _Dispatch:
             self.starved = self.reported = now
         waited = now - self.starved
         if waited > self.ex.timeout_s:
-            raise PoolLost(
+            raise ActorsLost(
                 f"no client actor answered for {waited:.0f} s (ray.actor_timeout_s = {self.ex.timeout_s:g} s)"
             )
         if now - self.reported >= 5.0:

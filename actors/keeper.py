@@ -1,85 +1,32 @@
-"""Warm actors on a running cluster: a run borrows its coordinator host and client actors from a
-pool and hands them back clean when it ends, so the next run (a `rayfl run --address`, a job, a
-Tune trial) skips Ray's worker start and torch's import and first-call set-up.
+"""The warm pool's keeper: one detached actor per cluster, `rayfl:pool` in namespace `rayfl`, on the
+head node, that books which pooled actor is idle and which run holds it (its process runs no
+client and no federation; it needs no torch).
 
-The pool is one detached actor per cluster, `rayfl:pool` in namespace `rayfl` (`Keeper`), that
-books which warm actor is idle and which run holds it. Pooled actors are detached and named
-`rayfl:pool:<role>-<hex>`; the pool keys them by what makes an actor reusable (`kinds`): the
-project's code (a digest of its sources, with the Python, torch and Ray versions), the role, and
-the actor's resources (CPUs and GPUs, which fix its device; for the coordinator, its node and
-restarts). A run takes the idle actors of its kinds and starts new ones only where the pool is
-short (idle actors of other kinds leave first, to free their resources). Handing back resets
-each actor (`ClientActor.reset`, `Coordinator.reset`: no state of one run is visible to the next)
-and marks it idle; an idle actor leaves after the `ray.pool_idle_s` of the run that used it last.
-A run whose driver died (a killed `rayfl run`, a Tune trial's actor gone) never hands back: the
-keeper notices (the Ray job or actor that borrowed is dead), tells its coordinator to abandon the
-run, and the next borrower resets those actors before use.
-
-Without a running cluster (a `rayfl run` that starts its own local cluster) or with
-`ray.pool_idle_s: 0`, a run's actors are its own (`rayfl:<run>:coordinator`,
-`rayfl:<run>:client-<k>`) and are killed when it ends, as are pooled actors that fail to reset.
-
-This module imports Ray and the standard library only (the keeper needs no torch).
+A run on a running cluster borrows its coordinator host and client actors from the pool (the
+driver's side: `actors/driver/pool.py`, `actors/driver/launch.py`) and hands them back reset when
+it ends. Pooled actors are detached and named `rayfl:pool:<role>-<hex>`; the pool keys them by what
+makes an actor reusable (`names.kinds`). A run takes the idle actors of its kinds and starts new
+ones only where the pool is short (idle actors of other kinds leave first, to free their
+resources). An idle actor leaves after the `ray.pool_idle_s` of the run that used it last. A run
+whose borrower died (a killed `rayfl run`, a Tune trial's actor gone) never hands back: a thread
+notices (the Ray job or actor that borrowed is dead), tells its coordinator to abandon the run,
+and the next borrower resets those actors before use.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import ray
 
-NAMESPACE = "rayfl"
-"""Named actors live here, so the dashboard, `ray list actors` and `ray.get_actor` find them."""
-KEEPER = "rayfl:pool"
-HEAD_RESOURCE = "node:__internal_head__"
-"""The resource Ray gives the head node only."""
+from . import raystate
+
 REAP_EVERY_S = 1.0
-
-
-def actor_name(run_id: str, role: str) -> str:
-    """A run's own actor, `rayfl:<run_id>:coordinator` or `rayfl:<run_id>:client-<k>`."""
-    return f"rayfl:{run_id}:{role}"
-
-
-def pooled_name(role: str) -> str:
-    """A pooled actor, `rayfl:pool:<role>-<8 hex>`."""
-    return f"{KEEPER}:{role}-{secrets.token_hex(4)}"
-
-
-_DIGEST: list[str] = []
-
-
-def code_digest() -> str:
-    """What the actors run: the sources of `rayfl` and `actors` and the Python, torch and Ray
-    versions, hashed (12 hex). An edited checkout never borrows actors running the old code."""
-    if not _DIGEST:
-        root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256(f"{sys.version}|{metadata.version('torch')}|{ray.__version__}".encode())
-        for path in sorted([*root.joinpath("rayfl").rglob("*.py"), *root.joinpath("actors").rglob("*.py")]):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-        _DIGEST.append(h.hexdigest()[:12])
-    return _DIGEST[0]
-
-
-def kinds(cpus: float, gpus: float, node: str, restarts: int) -> tuple[str, str]:
-    """The pool keys of (the coordinator host, a client actor) of a run with these resources."""
-    digest = code_digest()
-    return f"coordinator/{digest}/{node}/restarts={restarts}", f"client/{digest}/cpus={cpus:g}/gpus={gpus:g}"
-
-
-def borrower() -> tuple[str, str]:
-    """Who borrows: the actor this code runs in (a Tune trial's), else the driver's job."""
-    ctx = ray.get_runtime_context()
-    actor = ctx.get_actor_id()
-    return ("actor", actor) if actor else ("job", ctx.get_job_id())
+"""Seconds between the keeper's checks of borrowers and idle times."""
 
 
 @dataclass
@@ -123,7 +70,7 @@ class Keeper:
         with self.lock:
             self._reclaim()
             self._send_away(
-                [e for e in self.idle if not fresh(e.handle)]
+                [e for e in self.idle if not raystate.fresh(e.handle)]
             )  # died, or restarted by Ray (its restarts spent)
             taken: list[Entry] = []
             for kind, count in wants.items():
@@ -208,13 +155,7 @@ class Keeper:
 
     def _reclaim(self) -> None:
         """Leases whose borrower died: their coordinators abandon the run, the actors turn idle (dirty)."""
-        from ray._private import state
-
-        live_jobs = (
-            {job["JobID"] for job in state.jobs() if not job["IsDead"]}
-            if any(h.borrower[0] == "job" for h in self.leases.values())
-            else set()
-        )
+        live_jobs = raystate.live_jobs() if any(h.borrower[0] == "job" for h in self.leases.values()) else set()
         dead = [lease for lease, held in self.leases.items() if not alive(held.borrower, live_jobs)]
         now = time.monotonic()
         for lease in dead:
@@ -239,71 +180,14 @@ class Keeper:
 
     def _make_room(self) -> None:
         """While a borrower's new actor waits for resources, idle actors hold none."""
-        from ray._private import state
-
         waiting = [e for held in self.leases.values() for e in held.entries if not e.placed]
         for e in waiting:
-            e.placed = state.actors(e.handle._actor_id.hex()).get("State") not in (
-                "PENDING_CREATION",
-                "DEPENDENCIES_UNREADY",
-            )
+            e.placed = not raystate.waiting(e.handle)
         if any(not e.placed for e in waiting):
             self._send_away(list(self.idle))
 
 
-def fresh(handle: Any) -> bool:
-    """Whether a pooled actor is alive and was never restarted: a coordinator's restarts are a
-    run's budget (`ray.coordinator_restarts`), never spent by an earlier run."""
-    from ray._private import state
-
-    info = state.actors(handle._actor_id.hex())
-    return info.get("State") == "ALIVE" and int(info.get("NumRestarts", 0)) == 0
-
-
 def alive(who: tuple[str, str], live_jobs: set[str]) -> bool:
-    """Whether the Ray job (one of `live_jobs`) or actor (read from the GCS's table) that borrowed still runs."""
-    from ray._private import state
-
+    """Whether the Ray job (one of `live_jobs`) or actor that borrowed still runs."""
     role, hex_id = who
-    if role == "actor":
-        return state.actors(hex_id).get("State") not in ("DEAD", None)
-    return hex_id in live_jobs
-
-
-def keeper(create: bool = True) -> Any:
-    """The cluster's keeper (started, detached, when missing and `create`); None when there is none."""
-    if not create:
-        try:
-            return ray.get_actor(KEEPER, namespace=NAMESPACE)
-        except ValueError:
-            return None
-    # on the head node, which lives as long as the cluster; restarted (empty) if its process dies
-    return Keeper.options(
-        name=KEEPER,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        scheduling_strategy="DEFAULT",
-        resources={HEAD_RESOURCE: 0.001},
-        max_restarts=-1,
-        get_if_exists=True,
-    ).remote()
-
-
-def pool_command(action: str) -> str:
-    """`rayfl pool status` (what is idle, what is leased) or `rayfl pool drain` (idle actors sent
-    away), on the cluster this process joined; the lines to print."""
-    keep = keeper(create=False)
-    if keep is None:
-        return "no warm pool on this cluster (no run has borrowed from it)"
-    if action == "drain":
-        gone, leased = ray.get(keep.drain.remote())
-        return f"{gone} idle actors sent away; {leased} leased to runs still going"
-    status = ray.get(keep.status.remote())
-    lines = [f"{len(status['idle'])} idle, {sum(len(held['actors']) for held in status['leased'])} leased"]
-    for e in status["idle"]:
-        lines.append(
-            f"  idle    {e['name']}  {e['kind']}  idle {e['idle_s']:.0f} s, leaves in {e['leaves_in_s']:.0f} s"
-        )
-    for held in status["leased"]:
-        lines += [f"  leased  {name}  run {held['run']} ({held['borrower']})" for name in held["actors"]]
-    return "\n".join(lines)
+    return raystate.running(hex_id) if role == "actor" else hex_id in live_jobs

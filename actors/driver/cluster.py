@@ -1,19 +1,25 @@
-"""A cluster's address checked before `ray.init`, which retries for minutes against an address
-where nothing answers, and prints a line a second while it does (docs/faults.md)."""
+"""Which cluster a run joins, from the driver: an address given, `$RAY_ADDRESS`, the local head
+`rayfl up` keeps (`head`), else a local cluster of its own; an address checked before `ray.init`
+(`probe`: `ray.init` retries for minutes against an address where nothing answers, and prints a
+line a second while it does; docs/faults.md), and a local cluster refused before it starts when
+the run's actors could never fit it."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from ray.exceptions import AuthenticationError
 
-from rayfl.config import ConfigError
-from rayfl.config import shown
+from rayfl.config import ConfigError, RunConfig, shown
+
+from .. import raystate
+from .head import joining
 
 PROBE_S = 5.0
 """Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
@@ -43,10 +49,8 @@ def probe(address: str) -> None:
         ) from None
     if client:
         return
-    from ray._raylet import GcsClient  # the client ray.init itself makes first (its failures log C++ lines: silenced)
-
-    answer: list[BaseException | None] = []
-    thread = threading.Thread(target=lambda: answer.append(_gcs_error(GcsClient, address)), daemon=True)
+    answer: list[BaseException | None] = []  # the GCS client's C++ failures log lines of their own: silenced
+    thread = threading.Thread(target=lambda: answer.append(raystate.gcs_error(address, PROBE_S)), daemon=True)
     with _silent_stderr(thread.is_alive):
         thread.start()
         thread.join(PROBE_S)
@@ -60,14 +64,6 @@ def probe(address: str) -> None:
         raise ConfigError(
             f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s"
         )
-
-
-def _gcs_error(gcs_client: Callable[..., Any], address: str) -> BaseException | None:
-    try:
-        gcs_client(address=address).internal_kv_get(b"rayfl-probe", namespace=None, timeout=PROBE_S)
-    except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
-        return exc
-    return None
 
 
 @contextlib.contextmanager
@@ -86,3 +82,32 @@ def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
         else:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
+    """Join the running cluster (`head.joining`: `address`, $RAY_ADDRESS or the kept head; probed
+    first), else start a local cluster sized
+    to the machine, with the dashboard on 127.0.0.1 if asked; Ray's log lines and the workers'
+    output only when `verbose`. Returns whether this call connected (and should disconnect)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    quiet = dict(logging_level=logging.INFO if verbose else logging.ERROR, log_to_driver=verbose)  # rayfl's own lines
+    address = joining(address)
+    if address:
+        probe(address)
+        ray.init(address=address, **quiet)
+    else:
+        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
+    return True
+
+
+def check_fits_here(config: RunConfig) -> None:
+    """A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
+    respected, as Ray does): refuse before starting it. `auto` needs room for one actor."""
+    import torch
+
+    resources = config.resources
+    count = 1 if resources.asked is None else resources.asked
+    resources.check_fits(count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()})

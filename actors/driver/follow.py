@@ -1,0 +1,61 @@
+"""Following a run from the driver: the coordinator's round rows relayed to the progress bar and
+its notices logged as they come, and a coordinator that Ray restarts waited for and run again
+from RUN_DIR's newest checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError
+
+from rayfl.engine import Progress, Start
+
+from ..coordinator.actor import Duty
+
+log = logging.getLogger("rayfl")
+
+
+def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+    """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
+    notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
+    died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
+    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
+    last, begin = start.state.round, start
+    while True:
+        done = coordinator.run.remote(duty, begin)
+        try:
+            finished = False
+            while not finished:
+                finished = bool(ray.wait([done], timeout=0.5)[0])
+                rows, notes = ray.get(coordinator.progress.remote())
+                for note in notes:
+                    log.warning(note)
+                for row in rows:
+                    if row["round"] > last and progress is not None:
+                        progress(row)
+                    last = max(last, row["round"])
+            return ray.get(done)
+        except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
+            log.warning(
+                "the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR"
+            )
+            wait_until_answers(coordinator, timeout_s)
+            begin = None
+
+
+def wait_until_answers(actor: Any, timeout_s: float) -> None:
+    """Block until `actor` answers a call again (Ray restarted it); `RuntimeError` after `timeout_s`."""
+    started = time.monotonic()
+    while True:
+        try:
+            ray.get(actor.progress.remote(), timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+            return
+        except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(
+                    f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s"
+                ) from None
+            time.sleep(0.5)

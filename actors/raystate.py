@@ -1,0 +1,75 @@
+"""Every read of Ray's private state (`ray._private.state`: the GCS's actor and job tables and the
+autoscaler's cluster config; `ray._raylet.GcsClient`, the client `ray.init` makes first), in one
+place, so a Ray upgrade touches one file. The public State API
+(`ray.util.state`) would need the dashboard, which a run may leave off. An entry Ray cannot say
+anything about reads as unknown (an empty mapping)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+PENDING = ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+"""An actor's states while it waits for resources (or its arguments) before Ray places it."""
+
+
+def actor(actor_id: str) -> Mapping[str, Any]:
+    """The GCS's record of an actor (hex id): `State`, `Pid`, `NumRestarts`, ...; {} when unknown."""
+    from ray._private import state
+
+    try:
+        return state.actors(actor_id) or {}
+    except Exception:  # noqa: BLE001 - an internal table: any failure means "unknown"
+        return {}
+
+
+def of(handle: Any) -> Mapping[str, Any]:
+    """The GCS's record of the actor behind `handle`."""
+    return actor(handle._actor_id.hex())
+
+
+def placed(handle: Any) -> bool:
+    """Whether Ray has given the actor a worker process (its constructor may still be running)."""
+    return int(of(handle).get("Pid", 0) or 0) > 0
+
+
+def waiting(handle: Any) -> bool:
+    """Whether the actor still waits to be placed (for resources, or its arguments)."""
+    return of(handle).get("State") in PENDING
+
+
+def fresh(handle: Any) -> bool:
+    """Whether the actor is alive and was never restarted."""
+    info = of(handle)
+    return info.get("State") == "ALIVE" and int(info.get("NumRestarts", 0)) == 0
+
+
+def running(actor_id: str) -> bool:
+    """Whether the actor (hex id) has not died for good."""
+    return actor(actor_id).get("State") not in ("DEAD", None)
+
+
+def live_jobs() -> set[str]:
+    """The ids of the cluster's Ray jobs that have not ended."""
+    from ray._private import state
+
+    return {job["JobID"] for job in state.jobs() if not job["IsDead"]}
+
+
+def max_resources() -> Mapping[str, float] | None:
+    """The most an autoscaling cluster can grow to, by resource; None for a fixed-size cluster."""
+    from ray._private import state
+
+    return state.state.get_max_resources_from_cluster_config()
+
+
+def gcs_error(address: str, timeout_s: float) -> BaseException | None:
+    """What the GCS at `address` answers a key-value read with: None for an answer, else the error
+    (an `AuthenticationError` for a token head this process has no token for, an RPC error or a
+    timeout, by Ray's version)."""
+    from ray._raylet import GcsClient
+
+    try:
+        GcsClient(address=address).internal_kv_get(b"rayfl-probe", namespace=None, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
+        return exc
+    return None
