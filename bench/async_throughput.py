@@ -59,7 +59,8 @@ def main() -> None:
             tables[actors] = clients
             rates[actors] = len(clients) / timings["rounds"]
             print(
-                f"{actors} actor(s): {len(clients)} clients in {timings['rounds']:.1f} s of rounds: {rates[actors]:.1f} clients/s"
+                f"{actors} actor(s): {len(clients)} clients in {timings['rounds']:.1f} s of rounds: "
+                f"{rates[actors]:.1f} clients/s"
             )
     pd.testing.assert_frame_equal(tables[1], tables[2])
     print(f"2 actors / 1 actor: {rates[2] / rates[1]:.2f}x (identical tables)")

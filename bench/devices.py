@@ -87,7 +87,7 @@ def main() -> None:
     if not (trace / "intervals.parquet").is_file():
         write_trace(*generate_trace(1000, seed=0, days=7), trace)
     names = [(m, a) for m in MODES for a in AVAILABILITY]
-    folder = lambda m, a, s: str(out / f"{m.replace(' ', '_')}-{a}-{s}")  # noqa: E731
+    folder = lambda m, a, s: str(out / f"{m.replace(' ', '_')}-{a}-{s}")
     jobs = [(m, a, args.rounds, s, str(trace), folder(m, a, s)) for s in range(args.seeds) for m, a in names]
     with ProcessPoolExecutor(args.procs) as pool:
         list(pool.map(one, jobs))
@@ -99,7 +99,8 @@ def main() -> None:
     (out / "devices.md").write_text(text + "\n")
     frame.to_csv(out / "devices.csv", index=False)
     print(
-        f"digits, 100 clients, {args.rounds} rounds (FedBuff {2 * args.rounds} steps), seeds 0..{args.seeds - 1}; target {TARGET}"
+        f"digits, 100 clients, {args.rounds} rounds (FedBuff {2 * args.rounds} steps), seeds 0..{args.seeds - 1}; "
+        f"target {TARGET}"
     )
     print(text)
 

@@ -10,8 +10,8 @@ rayfl, starting (and stopping) a local Ray cluster and its actors are included. 
 Ray as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`, on a warm
 cluster with a warm pool (`rayfl run --address` on a head `rayfl up` keeps, after one untimed
 run of the same workload that leaves its actors warm; the head is started for this run and
-stopped after it, so no other run shares the machine with it), and once in process (`--local`). Prints the wall times, the
-ratios, and the accuracies; also the time of the round loop alone (for rayfl from the first
+stopped after it, so no other run shares the machine with it), and once in process (`--local`).
+Prints the wall times, the ratios, and the accuracies; also the time of the round loop alone (for rayfl from the first
 round's start to the last round's end, Ray already up).
 
     python bench/fedavg_reference.py [--rounds 30] [--runs dashboard no-dashboard warm-pool local]
@@ -54,8 +54,8 @@ def plain_loop(rounds: int) -> dict:
 
     from rayfl import rng
     from rayfl.algorithms.local import epoch_batches
-    from rayfl.data import load_dataset, partition
     from rayfl.config.load import load_config
+    from rayfl.data import load_dataset, partition
     from rayfl.models import build_model
 
     torch.set_num_threads(1)
@@ -128,7 +128,8 @@ def main() -> None:
 
     if head.kept() is not None:
         sys.exit(
-            "bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)"
+            "bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow "
+            "the cold runs)"
         )
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra, flags in (RUNS[r] for r in args.runs):

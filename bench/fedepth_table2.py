@@ -85,7 +85,8 @@ def main() -> None:
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
     print(
-        f"examples/fedepth, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds"
+        f"examples/fedepth, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean "
+        "+- sd over seeds"
     )
     print("| budgets | run | final accuracy | best accuracy | clients that trained | virtual time (s) |")
     print("|---|---|---|---|---|---|")
@@ -93,7 +94,9 @@ def main() -> None:
         for label in SCENARIOS[s][0]:
             rs = [r for r in rows if r["scenario"] == s and r["run"] == label]
             print(
-                f"| {s} | {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {statistics.mean(r['clients_trained'] for r in rs):.1f} | {statistics.mean(r['virtual_time_s'] for r in rs):.0f} |"
+                f"| {s} | {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | "
+                f"{statistics.mean(r['clients_trained'] for r in rs):.1f} | "
+                f"{statistics.mean(r['virtual_time_s'] for r in rs):.0f} |"
             )
     print(json.dumps(rows))
 

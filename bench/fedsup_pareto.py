@@ -73,7 +73,9 @@ def main() -> None:
         m = measure(run, args.subnets)
         name = run.name
         print(
-            f"{name}: {args.subnets} sub-nets, FLOPs {m['flops'].min():.3g}..{m['flops'].max():.3g}; initial {m['initial'].mean():.4f} (best {m['initial'].max():.4f}), personalized {m['personal'].mean():.4f} (best {m['personal'].max():.4f})"
+            f"{name}: {args.subnets} sub-nets, FLOPs {m['flops'].min():.3g}..{m['flops'].max():.3g}; initial "
+            f"{m['initial'].mean():.4f} (best {m['initial'].max():.4f}), personalized {m['personal'].mean():.4f} "
+            f"(best {m['personal'].max():.4f})"
         )
         for ax, key in zip(axes, ("initial", "personal")):
             dots = ax.scatter(m["flops"] / 1e6, m[key], s=6, alpha=0.35, label=name)

@@ -12,7 +12,8 @@ data.partition.classes_per_client=5 for the paper's s = 50, federation.clients_p
 ones: the same --set, or the figures mix settings). With `--curves FILE`, draws the children's test accuracy over
 the rounds (mean over seeds, each seed faint) for the supernet runs.
 
-    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...] [--out DIR] [--curves curves.png]
+    python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...]
+                                  [--out DIR] [--curves curves.png]
 """
 
 from __future__ import annotations
@@ -126,12 +127,13 @@ def main() -> None:
             rows = list(pool.map(one, jobs))
     print(f"examples/fedsup, seeds 0..{args.seeds - 1} {' '.join(args.set)}; the last round, mean +- sd over seeds")
     print(
-        "| run | initial | personalized | sd over clients (initial / personalized) | global test accuracy | Big / Medium / Small |"
+        "| run | initial | personalized | sd over clients (initial / personalized) | global test accuracy | Big / "
+        "Medium / Small |"
     )
     print("|---|---|---|---|---|---|")
     for label in args.runs:
         rs = [r for r in rows if r["run"] == label]
-        col = lambda c: [r[c] for r in rs]  # noqa: E731
+        col = lambda c: [r[c] for r in rs]
         sd = f"{statistics.mean(col('initial_accuracy_std')):.3f} / {statistics.mean(col('personal_accuracy_std')):.3f}"
         children = (
             " / ".join(f"{statistics.mean(col(f'test_accuracy@{c}')):.4f}" for c in ("big", "medium", "small"))
@@ -139,7 +141,8 @@ def main() -> None:
             else "-"
         )
         print(
-            f"| {label} | {spread(col('initial_accuracy'))} | {spread(col('personal_accuracy'))} | {sd} | {spread(col('test_accuracy'))} | {children} |"
+            f"| {label} | {spread(col('initial_accuracy'))} | {spread(col('personal_accuracy'))} | {sd} | "
+            f"{spread(col('test_accuracy'))} | {children} |"
         )
     print(json.dumps(rows))
     if args.curves:

@@ -147,7 +147,8 @@ def over_share(out: Path) -> None:
     for (rnd, dev), rows in clients.groupby(["round", "device"], sort=True):
         reasons = sorted({r.split(".")[0] for r in rows["reason"].dropna() if r})
         print(
-            f"| {rnd} | {dev} | {depth[dev]} | {len(rows)} | {(rows.status == 'ok').sum()} | {(rows.status == 'failed').sum()} | {'; '.join(reasons)[:90]} |"
+            f"| {rnd} | {dev} | {depth[dev]} | {len(rows)} | {(rows.status == 'ok').sum()} | "
+            f"{(rows.status == 'failed').sum()} | {'; '.join(reasons)[:90]} |"
         )
     print(f"rounds completed: {len(metrics)} of 2; final test accuracy {summary['final_test_accuracy']:.4f}")
 
@@ -159,7 +160,8 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
     from rayfl.config.load import load_config
 
     print(
-        f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per call (vectorize K > 4: K; auto: the defaults)"
+        f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per "
+        "call (vectorize K > 4: K; auto: the defaults)"
     )
     print(
         "| model | GPU per actor | actors | vectorize | clients/s (rounds 2 on) | round s (median) | final accuracy |"
@@ -184,7 +186,8 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
             summary = api.run(load_config(None, sets), run)
             wall = pd.read_parquet(run / "metrics.parquet")["wall_time_s"].diff().iloc[1:]
             print(
-                f"| {model} | {gpus:g} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | {summary['final_test_accuracy']:.4f} |",
+                f"| {model} | {gpus:g} | {actors} | {vectorize} | {32 / wall.mean():.1f} | {wall.median():.2f} | "
+                f"{summary['final_test_accuracy']:.4f} |",
                 flush=True,
             )
 
@@ -209,7 +212,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/gpu.py: no CUDA device here")
     print(
-        f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB; {os.cpu_count()} CPUs; torch {torch.__version__}, ray {ray.__version__}"
+        f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB; "
+        f"{os.cpu_count()} CPUs; torch {torch.__version__}, ray {ray.__version__}"
     )
     ray.init(
         address="local",

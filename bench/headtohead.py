@@ -12,13 +12,15 @@ split CNN (the dataset's: `cnn2` on digits, `cnn1d` on MNIST-1D). FedAvg runs tw
 ResNet-20: at the width that fits the weakest device's memory (as HeteroFL's budget mode
 measures it) and at full width on every device (ignoring memory).
 
-Writes each run to OUT/DATASET/METHOD-SEED (seed by seed; a rerun reuses the finished runs),
-then `rayfl compare`'s table (final = mean of the last --last evaluations, best, time and rounds
-to --target, virtual time, traffic, waiting) with one row per method, each method's own sub-model accuracies (its tiers: HeteroFL's levels,
-FedSup's children, DepthFL's exits, SplitMix's widths, InclusiveFL's groups), and the
-accuracy plots (against round, virtual time and traffic) to OUT/DATASET/.
+Writes each run to OUT/DATASET/METHOD-SEED (seed by seed; a rerun reuses the finished runs), then
+`rayfl compare`'s table (final = mean of the last --last evaluations, best, time and rounds to
+--target, virtual time, traffic, waiting) with one row per method, each method's own sub-model
+accuracies (its tiers: HeteroFL's levels, FedSup's children, DepthFL's exits, SplitMix's widths,
+InclusiveFL's groups), and the accuracy plots (against round, virtual time and traffic) to
+OUT/DATASET/.
 
-    python bench/headtohead.py [--dataset digits] [--rounds 60] [--seeds 3] [--procs 2] [--methods ...] [--out runs/headtohead]
+    python bench/headtohead.py [--dataset digits] [--rounds 60] [--seeds 3] [--procs 2] [--methods ...]
+                               [--out runs/headtohead]
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ def config(label: str, dataset: str, rounds: int, seed: int):
 def weakest_width(dataset: str, rounds: int) -> float:
     """The widest ResNet-20 that the weakest device can train (HeteroFL's budget mode's measure)."""
     from rayfl.algorithms.budget import client_rates
-    from rayfl.engine import build_federation, torch_threads
     from rayfl.config.load import load_config
+    from rayfl.engine import build_federation, torch_threads
 
     cfg = load_config(ROOT / "examples" / FULL_WIDTH, ["model.rate=1.0", *common(dataset, rounds, 0)])
     with torch_threads():
@@ -149,7 +151,8 @@ def main() -> None:
     (out / "headtohead.md").write_text(text + "\n\n" + tiers(groups, args.methods) + "\n")
     frame.to_csv(out / "headtohead.csv", index=False)
     print(
-        f"{args.dataset}, {args.rounds} rounds, seeds 0..{args.seeds - 1}, tiers 5:3:2; target {target}; final = mean of the last {args.last} evaluations"
+        f"{args.dataset}, {args.rounds} rounds, seeds 0..{args.seeds - 1}, tiers 5:3:2; target {target}; final = "
+        f"mean of the last {args.last} evaluations"
     )
     if "FedAvg (weakest width)" in args.methods:
         print(f"FedAvg (weakest width): width rate {weakest_width(args.dataset, args.rounds):.4f}")

@@ -62,7 +62,8 @@ def main() -> None:
     for s in SETTINGS:
         iid, non = by[(s, "iid")], by[(s, "non-iid")]
         print(
-            f"| {s} | {iid['ratio']:.2f} | {iid['params'] / 1e3:.0f} K | {iid['flops'] / 1e6:.2f} M | {iid['clients']} | "
+            f"| {s} | {iid['ratio']:.2f} | {iid['params'] / 1e3:.0f} K | {iid['flops'] / 1e6:.2f} M | "
+            f"{iid['clients']} | "
             f"{iid['global']:.4f} | {non['local']:.4f} | {non['global']:.4f} |"
         )
     print(json.dumps(rows))

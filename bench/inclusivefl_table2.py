@@ -93,7 +93,8 @@ def main() -> None:
 
             compare([j[3] for j in jobs], Path(args.runs) / "compare", last=5)
     print(
-        f"{args.data}, examples/inclusivefl, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean +- sd over seeds"
+        f"{args.data}, examples/inclusivefl, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the "
+        "last 5 rounds, mean +- sd over seeds"
     )
     print("| run | final accuracy | best accuracy | weak | medium | strong |")
     print("|---|---|---|---|---|---|")
@@ -101,14 +102,16 @@ def main() -> None:
         rs = [r for r in rows if r["run"] == label]
         groups = [spread([r["groups"][g] for r in rs]) if g in rs[0]["groups"] else "-" for g in GROUPS]
         print(
-            f"| {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | {' | '.join(groups)} |"
+            f"| {label} | {spread([r['final'] for r in rs])} | {spread([r['best'] for r in rs])} | "
+            f"{' | '.join(groups)} |"
         )
     print("rounds to the w/o-MD run's best accuracy (per seed):")
     for seed in range(args.seeds):
         by = {r["run"]: r for r in rows if r["seed"] == seed}
         target = by["InclusiveFL w/o MD"]["best"]
         print(
-            f"  seed {seed}: target {target:.4f}: InclusiveFL {rounds_to(by['InclusiveFL']['accuracy'], target)}, w/o MD {rounds_to(by['InclusiveFL w/o MD']['accuracy'], target)}"
+            f"  seed {seed}: target {target:.4f}: InclusiveFL {rounds_to(by['InclusiveFL']['accuracy'], target)}, "
+            f"w/o MD {rounds_to(by['InclusiveFL w/o MD']['accuracy'], target)}"
         )
     print(json.dumps(rows))
 

@@ -82,7 +82,8 @@ def main() -> None:
         text, _ = compare([j[2] for j in jobs], runs / "compare", last=5, columns=["kl"])
     sets = f", {' '.join(args.set)}" if args.set else ""
     print(
-        f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{sets}; final = mean of the last 5 rounds"
+        f"{args.data}, 40 workers, p = {args.p:g}, jetson, {args.rounds} rounds, seeds 0..{args.seeds - 1}{sets}; "
+        "final = mean of the last 5 rounds"
     )
     print(text)
 

@@ -3,11 +3,12 @@
 Runs one small configuration per system (FedAvg, FedProx sequential and vectorized, FedAdam,
 FedYogi, HeteroFL, FeDepth, FedSup, E-FedSup, InclusiveFL, DepthFL, MergeSFL, typical split FL,
 SplitMix, Ditto with personalization, LG-FedAvg vectorized, PyramidFL, the width and depth
-ExclusiveFL baselines; deadline rounds dropping and carrying late updates, FedBuff and FedAsync) and two whose clients fail (every client diverging; clients with no
-sample or one, skipped or failed) in process, each into OUT/<name>/. With `--against REF`, every run's
-`metrics.parquet` is compared with REF/<name>/ (all but the wall-clock column), and so is
-`clients.parquet` over the columns both have (the columns one of them lacks are listed); the
-script prints `identical` or the first difference per run, and exits 1 on any.
+ExclusiveFL baselines; deadline rounds dropping and carrying late updates, FedBuff and FedAsync) and
+two whose clients fail (every client diverging; clients with no sample or one, skipped or failed) in
+process, each into OUT/<name>/. With `--against REF`, every run's `metrics.parquet` is compared with
+REF/<name>/ (all but the wall-clock column), and so is `clients.parquet` over the columns both have
+(the columns one of them lacks are listed); the script prints `identical` or the first difference
+per run, and exits 1 on any.
 
     python bench/same_results.py --out /tmp/old                  # on the old code
     python bench/same_results.py --out /tmp/new --against /tmp/old

@@ -119,7 +119,9 @@ def main() -> None:
         print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices)))
         return
     print(
-        f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, {'on Ray (2 client actors)' if args.ray else 'in process'}, devices {args.devices}; round = mean of rounds 2-{ROUNDS}"
+        f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, "
+        f"{'on Ray (2 client actors)' if args.ray else 'in process'}, devices {args.devices}; round = mean of rounds "
+        f"2-{ROUNDS}"
     )
     print("| data | logical clients | setup s | per round s | peak RSS MB (largest process) |")
     print("|---|---|---|---|---|")
@@ -139,13 +141,15 @@ def main() -> None:
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(
-                    f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} | | |"
+                    f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} "
+                    "| | |"
                 )
                 break
             r = json.loads(done.stdout.strip().splitlines()[-1])
             base = base or r["round_s"]
             print(
-                f"| {data} | {int(n):,} | {r['setup_s']:.1f} | {r['round_s']:.3f} ({r['round_s'] / base:.2f}x) | {r['peak_rss_mb']:.0f} |",
+                f"| {data} | {int(n):,} | {r['setup_s']:.1f} | {r['round_s']:.3f} ({r['round_s'] / base:.2f}x) | "
+                f"{r['peak_rss_mb']:.0f} |",
                 flush=True,
             )
 

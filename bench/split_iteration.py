@@ -28,8 +28,8 @@ def main() -> None:
 
     from actors.coordinator.executor import RayExecutor
     from actors.driver.launch import create_client_actors
-    from rayfl.engine import build_federation, torch_threads
     from rayfl.config.load import load_config
+    from rayfl.engine import build_federation, torch_threads
     from rayfl.runner import InProcessExecutor
 
     sets = [
@@ -65,12 +65,14 @@ def main() -> None:
             ray.shutdown()
     base, on_ray = timings.values()
     print(
-        f"{args.workers} workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} iterations"
+        f"{args.workers} workers, cnn2 cut after its convs, batch {args.batch}, merged features, {args.iterations} "
+        "iterations"
     )
     for label, ms in timings.items():
         print(f"{label:<22}{ms:8.1f} ms / iteration")
     print(
-        f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), {(on_ray - base) / args.workers:+.2f} ms per worker"
+        f"Ray overhead: {on_ray - base:+.1f} ms / iteration ({on_ray / base:.2f}x), "
+        f"{(on_ray - base) / args.workers:+.2f} ms per worker"
     )
 
 

@@ -95,7 +95,8 @@ def main() -> None:
 
     if head.kept() is not None:
         sys.exit(
-            "bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold runs)"
+            "bench/startup.py: a head rayfl up keeps is running; rayfl down first (its processes would slow the cold "
+            "runs)"
         )
     walls: dict[str, list[float]] = {side: [] for side in SIDES}
     parts: dict[str, list[dict]] = {side: [] for side in SIDES}
@@ -127,7 +128,8 @@ def main() -> None:
         head.down()
     phases = ["imports", "build", "ray_start", "actors", "rounds", "shutdown"]
     print(
-        f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard off); medians of {args.repeat}, seconds"
+        f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard "
+        f"off); medians of {args.repeat}, seconds"
     )
     print(f"| run | process wall | over --local | {' | '.join(phases)} |")
     print(f"|---|---|---|{'---|' * len(phases)}")

@@ -61,7 +61,8 @@ def main() -> None:
             best = table.loc[table["final_test_accuracy"].idxmax()]
             bests[label] = (best["federation.lr"], best["final_test_accuracy"], (table["status"] == "finished").sum())
     print(
-        f"rayfl tune: default federation, {args.trials} trials x {args.rounds} rounds (grid of learning rates), 2 at a time, fresh local cluster"
+        f"rayfl tune: default federation, {args.trials} trials x {args.rounds} rounds (grid of learning rates), 2 at "
+        "a time, fresh local cluster"
     )
     print("| actors | process wall s | ratio | trials finished | best lr | best accuracy |")
     print("|---|---|---|---|---|---|")

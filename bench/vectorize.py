@@ -41,8 +41,8 @@ def one(model: str, vectorize: int, rounds: int) -> dict:
     import numpy as np
     import pandas as pd
 
-    from rayfl.engine import ClientRunner
     from rayfl.config.load import load_config
+    from rayfl.engine import ClientRunner
     from rayfl.runner import run_local
 
     training: list[float] = []
@@ -85,7 +85,8 @@ def main() -> None:
         return
     print(f"digits IID, 100 clients, 10 a round, {args.rounds} rounds, 5 epochs, batch 10, SGD 0.02 m0.9, in process")
     print(
-        "| model | training s a round: sequential / vectorized (10) | speed-up | whole round s: sequential / vectorized | speed-up | page faults a round | accuracy: sequential / vectorized |"
+        "| model | training s a round: sequential / vectorized (10) | speed-up | whole round s: sequential / "
+        "vectorized | speed-up | page faults a round | accuracy: sequential / vectorized |"
     )
     print("|---|---|---|---|---|---|---|")
     for model in args.models:
@@ -101,8 +102,10 @@ def main() -> None:
                 runs[k].append(json.loads(out.stdout.strip().splitlines()[-1]))
         s, v = ({key: statistics.median(r[key] for r in runs[k]) for key in runs[k][0]} for k in (1, 10))
         print(
-            f"| {model} | {s['train_s']:.3f} / {v['train_s']:.3f} | {s['train_s'] / v['train_s']:.2f}x | {s['round_s']:.3f} / {v['round_s']:.3f} | "
-            f"{s['round_s'] / v['round_s']:.2f}x | {s['faults']:.0f} / {v['faults']:.0f} | {s['accuracy']:.4f} / {v['accuracy']:.4f} |",
+            f"| {model} | {s['train_s']:.3f} / {v['train_s']:.3f} | {s['train_s'] / v['train_s']:.2f}x | "
+            f"{s['round_s']:.3f} / {v['round_s']:.3f} | "
+            f"{s['round_s'] / v['round_s']:.2f}x | {s['faults']:.0f} / {v['faults']:.0f} | {s['accuracy']:.4f} / "
+            f"{v['accuracy']:.4f} |",
             flush=True,
         )
 

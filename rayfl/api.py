@@ -111,8 +111,6 @@ T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_DIR_LINE = re.compile(r"^rayfl: RUN_DIR (\S+)\s*$", re.M)
 """The line a run inside a job prints first: where its RUN_DIR is (`fetch` reads it back)."""
-PROGRESS_LINE = re.compile(r"^rayfl: round (\d+)/(\d+) acc (\S+) vtime (\S+)s\s*$")
-"""The line a run inside a job prints per round (`--progress lines`); `wait` turns it into a bar."""
 
 
 def auth_headers() -> dict[str, str]:
@@ -212,34 +210,6 @@ def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
             delay = min(2 * delay, 8.0)
 
 
-class Quiet:
-    """A job's log lines as `rayfl submit --wait` shows them: the run's per-round lines as a bar,
-    its `rayfl:` notices and its last line (RUN_DIR and accuracy) as they are, the rest (Ray's
-    INFO lines, the config) dropped."""
-
-    def __init__(self, write: Callable[[str], Any]):
-        self.write, self.bar = write, None
-
-    def __call__(self, line: str) -> None:
-        from tqdm import tqdm
-
-        step = PROGRESS_LINE.match(line)
-        if step:
-            done, total, acc, vtime = step.groups()
-            if self.bar is None:
-                self.bar = tqdm(total=int(total), initial=int(done) - 1, unit="round", dynamic_ncols=True)
-            self.bar.set_postfix(acc=acc, vtime=f"{float(vtime):.0f}s", refresh=False)
-            self.bar.update(1)
-        elif line.startswith("rayfl: ") or ": final test accuracy " in line:
-            self.close()
-            self.write(line + "\n")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
 def wait(address: str, job: str, verbose: bool = False) -> int:
     """Follow a job until it ends; 0 if it succeeded, 1 otherwise. Quiet (`Quiet`) unless
     `verbose`, which streams every log line."""
@@ -249,6 +219,8 @@ def wait(address: str, job: str, verbose: bool = False) -> int:
     from ray.job_submission import JobStatus
 
     jobs = client(address)
+    from .console import Quiet
+
     quiet = Quiet(sys.stdout.write)
 
     async def tail() -> None:

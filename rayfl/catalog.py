@@ -31,11 +31,13 @@ DATASETS = {
     "cifar10": "torchvision CIFAR10 (10 classes) from data.data_dir",
     "cifar100": "torchvision CIFAR100 (100 classes) from data.data_dir",
     "digits": "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes); no download",
-    "hf": "a Hugging Face dataset (data.path: hub id or local folder / file; data.features: image or text, label) through the datasets library",
+    "hf": "a Hugging Face dataset (data.path: hub id or local folder / file; data.features: image or text, label) "
+    "through the datasets library",
     "fashion_mnist": "torchvision FashionMNIST (10 classes) from data.data_dir",
     "mnist": "torchvision MNIST (10 classes) from data.data_dir",
     "mnist1d": "MNIST-1D (Greydanus 2020), generated locally with the mnist1d package; 4000/1000, length 40",
-    "synthetic": "FedProx's Synthetic(alpha, beta): one logistic model per client, 60-d inputs, each client generated on demand",
+    "synthetic": "FedProx's Synthetic(alpha, beta): one logistic model per client, 60-d inputs, each client "
+    "generated on demand",
 }
 
 MODELS = {
@@ -45,14 +47,18 @@ MODELS = {
     "cnn2": "FedAvg's CNN: 2 conv(5x5) [32,64]*rate + pool, fc 512*rate, image input (C,H,W)",
     "cnn_h": "CNN-H for HAR (MergeSFL): 3 conv(5x5) + 2 FC, split after layer 3",
     "cnn_s": "CNN-S for speech (MergeSFL, M5-style): 4 conv1d + 1 FC, split after layer 4",
-    "hf_encoder": "Hugging Face encoder (BERT/RoBERTa/MiniLM) cut to its bottom depth layers; numeric tokens as inputs_embeds; needs transformers",
+    "hf_encoder": "Hugging Face encoder (BERT/RoBERTa/MiniLM) cut to its bottom depth layers; numeric tokens as "
+    "inputs_embeds; needs transformers",
     "mlp": "MLP: flatten -> [Linear -> Scaler -> norm -> ReLU]* -> Linear, any input",
     "preresnet18": "HeteroFL PreResNet-18: 4 stages x 2 pre-activation blocks [64..512]*rate",
-    "preresnet20": "FeDepth PreResNet-20: stem + 9 pre-activation blocks [16x3, 32x3, 64x3]*rate, shared head, skip links",
-    "resstack": "Residual conv stack: stem -> depth x residual blocks (width) -> pool -> linear, sequences or images; depth- and width-scalable",
+    "preresnet20": "FeDepth PreResNet-20: stem + 9 pre-activation blocks [16x3, 32x3, 64x3]*rate, shared head, skip "
+    "links",
+    "resstack": "Residual conv stack: stem -> depth x residual blocks (width) -> pool -> linear, sequences or "
+    "images; depth- and width-scalable",
     "supernet": "FedSup supernet: MobileNetV1 stages with elastic width, depth and kernel (Table 5), PN",
     "supernet_small": "FedSup supernet for small inputs (digits, MNIST-1D): stride-1 stem, quarter widths",
-    "transformer": "Transformer encoder: tokens (rows or patches) -> depth x pre-norm layers (width, heads) -> mean pool; depth- and width-scalable",
+    "transformer": "Transformer encoder: tokens (rows or patches) -> depth x pre-norm layers (width, heads) -> mean "
+    "pool; depth- and width-scalable",
     "vgg16": "VGG-16-BN (MergeSFL, IMAGE-100 at 144x144): 13 convs + 3 FC, split after layer 13",
 }
 

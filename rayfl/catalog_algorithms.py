@@ -8,7 +8,8 @@ ALGORITHMS = {
     "alllarge_depth": "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client",
     "allsmall": "AllSmall: FedAvg at the smallest level on every client (HeteroFL baseline)",
     "allsmall_depth": "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client",
-    "depthfl": "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, FedDyn",
+    "depthfl": "DepthFL (Kim et al. 2023): depth-scaled prefixes by memory budget, self-distillation among exits, "
+    "FedDyn",
     "ditto": "Ditto (Li et al. 2021): FedAvg plus per-client personal models pulled towards it by lambda",
     "efedsup": "E-FedSup (Kim & Yun 2023): one FLOPs-fitting sub-net per client by tier, only the sub-net travels",
     "exclusivefl": "ExclusiveFL: FedAvg at full width on the clients that fit it (HeteroFL baseline)",
@@ -16,9 +17,11 @@ ALGORITHMS = {
     "fedadagrad": "FedAdagrad (Reddi et al. 2021): adaptive server optimizer",
     "fedadam": "FedAdam (Reddi et al. 2021): adaptive server optimizer",
     "fedavg": "FedAvg (McMahan et al. 2017): sample-weighted model averaging",
-    "fedepth": "FeDepth (Zhang et al. 2023): memory-adaptive depth-wise training of the full model, skip links to the head",
+    "fedepth": "FeDepth (Zhang et al. 2023): memory-adaptive depth-wise training of the full model, skip links to "
+    "the head",
     "fedprox": "FedProx (Li et al. 2020): FedAvg with a proximal term mu",
-    "fedsup": "FedSup (Kim & Yun 2023): supernet broadcast, sandwich-sampled sub-nets with in-place distillation per step",
+    "fedsup": "FedSup (Kim & Yun 2023): supernet broadcast, sandwich-sampled sub-nets with in-place distillation per "
+    "step",
     "fedyogi": "FedYogi (Reddi et al. 2021): adaptive server optimizer",
     "heterofl": "HeteroFL (Diao et al. 2021): nested width sub-models, per-entry aggregation",
     "inclusivefl": "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation",
@@ -29,5 +32,6 @@ ALGORITHMS = {
     "perfedavg": "Per-FedAvg (Fallah et al. 2020): MAML-style local steps (FO or HF), personalized by one alpha-step",
     "pyramidfl": "PyramidFL-style selection (MergeSFL baseline): oversample by reward, keep the fastest",
     "sfl": "Typical split FL (SplitFed style): bottom models on workers, top on the server",
-    "splitmix": "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits",
+    "splitmix": "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by "
+    "averaging logits",
 }

@@ -78,7 +78,8 @@ def encode(value: Any, where: str = "state") -> Any:
         name = _name(type(value))
         if name not in STATE_TYPES and name not in _registered:
             raise TypeError(
-                f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers its own with @checkpoint.state_type)"
+                f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers "
+                "its own with @checkpoint.state_type)"
             )
         fields = {
             f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init

@@ -65,7 +65,7 @@ class Recorder:
         clients = (
             pd.read_parquet(run_dir / "clients.parquet") if (run_dir / "clients.parquet").is_file() else pd.DataFrame()
         )
-        keep = lambda df: df[df["round"] <= through_round].to_dict("records") if len(df) else []  # noqa: E731
+        keep = lambda df: df[df["round"] <= through_round].to_dict("records") if len(df) else []
         return cls(run_dir, keep(rounds), keep(clients))
 
     def record(self, row: Mapping[str, Any], clients: Iterable[Mapping[str, Any]]) -> None:

@@ -100,6 +100,41 @@ def mode(run_dir: str | Path) -> str:
     return ((config or {}).get("federation") or {}).get("mode", "sync")
 
 
+def bars(ax, rows, start: str, end: str, height: float = 0.8, **style) -> None:
+    """One bar per row of `rows`, from column `start` to `end`, in each row's slot."""
+    for y, group in rows.groupby("slot"):
+        ax.broken_barh(list(zip(group[start], group[end] - group[start])), (y - height / 2, height), **style)
+
+
+def draw_tasks(ax, c, asynchronous: bool) -> None:
+    """Each task's download, compute and upload, a gap between tasks, the wait for the round's
+    close (not in async: the slot is refilled at once), and the failed and late ones marked."""
+    parts = {
+        "download": ("start", "compute_at"),
+        "compute": ("compute_at", "upload_at"),
+        "upload": ("upload_at", "end"),
+    }
+    for part, (a, b) in parts.items():
+        bars(ax, c, a, b, facecolors=COLORS[part], linewidth=0)
+    bars(ax, c, "start", "end", facecolors="none", edgecolor="white", linewidth=0.8)
+    if not asynchronous:
+        bars(ax, c[c["closes"] > c["end"]], "end", "closes", facecolors=COLORS["waiting"], linewidth=0)
+    for status, style in MARKS.items():
+        bars(ax, c[c["status"] == status], "start", "end", facecolors="none", **style)
+
+
+def draw_staleness(hist, c) -> None:
+    """An asynchronous run's accepted updates by staleness."""
+    from matplotlib.ticker import MaxNLocator
+
+    stale = c.loc[c["status"] == "ok", "staleness"].astype(int)
+    hist.bar(*np.unique(stale, return_counts=True), color="#55a868")
+    hist.xaxis.set_major_locator(MaxNLocator(integer=True))
+    hist.set_xlabel("staleness (server steps)")
+    hist.set_ylabel("updates")
+    hist.set_title(f"staleness: mean {stale.mean():.2f}, max {stale.max()}")
+
+
 def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None = None) -> Path:
     """Draw the run's timeline to `out` (default RUN_DIR/timeline.png); returns the path."""
     import matplotlib
@@ -107,7 +142,6 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
 
     c, metrics = segments(run_dir, rounds)
     asynchronous = mode(run_dir) == "async"
@@ -120,41 +154,7 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
         squeeze=False,
     )
     ax = axes[0][0]
-    height = 0.8
-    for part, (a, b) in {
-        "download": ("start", "compute_at"),
-        "compute": ("compute_at", "upload_at"),
-        "upload": ("upload_at", "end"),
-    }.items():
-        for y, rows in c.groupby("slot"):
-            ax.broken_barh(
-                list(zip(rows[a], rows[b] - rows[a])), (y - height / 2, height), facecolors=COLORS[part], linewidth=0
-            )
-    for y, rows in c.groupby("slot"):  # a thin gap between one task and the next in a row
-        ax.broken_barh(
-            list(zip(rows["start"], rows["end"] - rows["start"])),
-            (y - height / 2, height),
-            facecolors="none",
-            edgecolor="white",
-            linewidth=0.8,
-        )
-    waiting = c.iloc[:0] if asynchronous else c[c["closes"] > c["end"]]  # async: the slot is refilled at once
-    for y, rows in waiting.groupby("slot"):
-        ax.broken_barh(
-            list(zip(rows["end"], rows["closes"] - rows["end"])),
-            (y - height / 2, height),
-            facecolors=COLORS["waiting"],
-            linewidth=0,
-        )
-    for status, style in MARKS.items():
-        marked = c[c["status"] == status]
-        for y, rows in marked.groupby("slot"):
-            ax.broken_barh(
-                list(zip(rows["start"], rows["end"] - rows["start"])),
-                (y - height / 2, height),
-                facecolors="none",
-                **style,
-            )
+    draw_tasks(ax, c, asynchronous)
     for t in metrics["virtual_time_s"]:
         ax.axvline(t, color="#555555", linewidth=0.6, linestyle=":")
     ax.set_ylim(slots - 0.5, -0.5)
@@ -163,19 +163,12 @@ def draw(run_dir: str | Path, out: str | Path | None = None, rounds: str | None 
     ax.set_xlabel("virtual time (s); dotted: server steps")
     handles = [Patch(facecolor=v, label=k) for k, v in COLORS.items() if not (asynchronous and k == "waiting")]
     handles += [Patch(facecolor="none", label=status, **style) for status, style in MARKS.items()]
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 if slots > 8 else -0.25), ncol=7, frameon=False
-    )
+    below = -0.12 if slots > 8 else -0.25
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, below), ncol=7, frameon=False)
     lo, hi = int(metrics["round"].min()), int(metrics["round"].max())
     ax.set_title(f"{Path(run_dir).name}: rounds {lo}-{hi}")
     if asynchronous:
-        hist = axes[0][1]
-        stale = c.loc[c["status"] == "ok", "staleness"].astype(int)
-        hist.bar(*np.unique(stale, return_counts=True), color="#55a868")
-        hist.xaxis.set_major_locator(MaxNLocator(integer=True))
-        hist.set_xlabel("staleness (server steps)")
-        hist.set_ylabel("updates")
-        hist.set_title(f"staleness: mean {stale.mean():.2f}, max {stale.max()}")
+        draw_staleness(axes[0][1], c)
     fig.tight_layout()
     path = Path(out) if out is not None else Path(run_dir) / "timeline.png"
     path.parent.mkdir(parents=True, exist_ok=True)

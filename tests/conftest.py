@@ -3,8 +3,8 @@ GPUs, a small object store, no dashboard) for every test that asks for it."""
 
 import pytest
 
-from rayfl.data import load_dataset
 from rayfl.config.load import parse_config
+from rayfl.data import load_dataset
 
 
 @pytest.fixture(scope="session")

@@ -181,7 +181,7 @@ def test_resume_passes_over_a_truncated_newest_checkpoint(bad_input_dir, tmp_pat
 
 
 def test_the_progress_bar_of_a_resumed_run_counts_from_its_rounds():
-    from rayfl.cli import ProgressBar
+    from rayfl.console import ProgressBar
 
     bar = ProgressBar(total=5)
     bar({"round": 4, "test_accuracy": 0.5, "virtual_time_s": 10.0})

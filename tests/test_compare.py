@@ -9,8 +9,8 @@ import pytest
 
 from rayfl.cli import main
 from rayfl.compare import Run, curves, labels, read_runs, table
-from rayfl.storage import dump_config
 from rayfl.config.load import parse_config
+from rayfl.storage import dump_config
 
 NAN = math.nan
 

@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from rayfl.config import ConfigError, DirichletPartition, ShardsPartition
-from rayfl.storage import dump_config
 from rayfl.config.load import apply_overrides, load_config, parse_config
+from rayfl.storage import dump_config
 
 
 def test_defaults_follow_the_contract():

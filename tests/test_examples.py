@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayfl.devices import load_profile
 from rayfl.config.load import load_config
+from rayfl.devices import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 

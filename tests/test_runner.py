@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
 from rayfl.config.load import load_config, parse_config
+from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
 from rayfl.runner import InProcessExecutor, run_local
 

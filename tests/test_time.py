@@ -10,6 +10,7 @@ import pytest
 
 from rayfl import checkpoint, timeline
 from rayfl.algorithms.messages import ClientResult
+from rayfl.config.load import load_config
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
 from rayfl.engine.admission import Batteries
@@ -18,7 +19,6 @@ from rayfl.engine.deadline import Late, close
 from rayfl.engine.flights import Flight
 from rayfl.engine.host import GroupOutcome, Settled
 from rayfl.engine.round import Dispatched
-from rayfl.config.load import load_config
 from rayfl.runner import InProcessExecutor, run_local
 from rayfl.timeline import segments
 

@@ -59,7 +59,8 @@ def test_tune_base_is_relative_to_the_tune_file_and_asha_fits_the_rounds(tmp_pat
     assert asha._max_t == 5
     assert load_experiment(ROOT / "tune" / "fedprox_mu.yaml").grace_period == 10
     (tmp_path / "t.yaml").write_text(
-        "base: {devices: {profile: phones.yaml}}\nsearch: {federation.rounds: {grid: [2, 3]}}\nscheduler: {name: asha, grace_period: 4}\n"
+        "base: {devices: {profile: phones.yaml}}\nsearch: {federation.rounds: {grid: [2, 3]}}\nscheduler: {name: "
+        "asha, grace_period: 4}\n"
     )
     (tmp_path / "phones.yaml").write_text(PHONES.read_text())
     monkeypatch.chdir(ROOT)

@@ -1,14 +1,14 @@
 """Ray Tune over federations: one trial = one federation on Ray, reported every evaluated round.
 
 A trial runs `rayfl.api.run` (the coordinator actor and its client actors, as `rayfl run` does;
-`ray.num_actors: auto` means the actors it plans for, `Resources.planned`: 1 on CPUs). By default (`ray.pool_idle_s` > 0) the trials
-borrow warm actors from the cluster's pool (`actors/keeper.py`) and hand them back for the next
-trial, and Tune reuses each trial's own process (`reuse_actors`): a trial's placement group is
-one bundle on the head node for the trial's driver (`coordinator_cpus` CPUs, 0 by default), and
-`max_concurrent_trials` is cut to the trials whose client actors fit the cluster at once, so
-a trial never waits for another's actors. With `ray.pool_idle_s: 0` each trial starts its own
-actors inside its placement group: one bundle for the coordinator and one per client actor,
-sized exactly to `ray.cpus_per_actor` / `ray.gpus_per_actor`; Tune captures every actor the
+`ray.num_actors: auto` means the actors it plans for, `Resources.planned`: 1 on CPUs). By default
+(`ray.pool_idle_s` > 0) the trials borrow warm actors from the cluster's pool (`actors/keeper.py`)
+and hand them back for the next trial, and Tune reuses each trial's own process (`reuse_actors`): a
+trial's placement group is one bundle on the head node for the trial's driver (`coordinator_cpus`
+CPUs, 0 by default), and `max_concurrent_trials` is cut to the trials whose client actors fit the
+cluster at once, so a trial never waits for another's actors. With `ray.pool_idle_s: 0` each trial
+starts its own actors inside its placement group: one bundle for the coordinator and one per client
+actor, sized exactly to `ray.cpus_per_actor` / `ray.gpus_per_actor`; Tune captures every actor the
 trial creates into its group, so concurrent trials never take each other's clients and a trial
 starts only when all its bundles fit.
 
@@ -18,8 +18,8 @@ re-runs unfinished trials, which continue from their RUN_DIR's newest checkpoint
 
 After the search: `results.csv` / `results.parquet` (a row per trial: searched values, final and
 best metric, the final per-group values `<metric>@<group>` an algorithm reports (HeteroFL's
-levels, InclusiveFL's groups), rounds run, stopped early, status, error, RUN_DIR), `best.yaml` (the best finished trial's
-run config, ready for `rayfl run`) and `trials.png` (the metric per trial over rounds).
+levels, InclusiveFL's groups), rounds run, stopped early, status, error, RUN_DIR), `best.yaml` (the
+best finished trial's run config, ready for `rayfl run`) and `trials.png` (the metric per trial over rounds).
 """
 
 from __future__ import annotations

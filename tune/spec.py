@@ -33,8 +33,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
 from rayfl.config.files import format_error, read_yaml
-from rayfl.devices import configured_profile
 from rayfl.config.load import absolute_paths, parse_config, read_config, set_values, with_overrides
+from rayfl.devices import configured_profile
 
 log = logging.getLogger("rayfl")
 
@@ -180,10 +180,12 @@ class Experiment:
         self.max_rounds = max(arg) if kind in ("grid", "choice") else arg[1] - 1
         """The most rounds a trial runs (ASHA's `max_t`)."""
         self.grace_period = min(spec.scheduler.grace_period, self.max_rounds)
-        """ASHA's grace period, at most `max_rounds` (`--set federation.rounds=5` on a spec whose grace period is 10)."""
+        """ASHA's grace period, at most `max_rounds` (`--set federation.rounds=5` on a spec whose grace
+        period is 10)."""
         if self.grace_period < spec.scheduler.grace_period and spec.scheduler.name == "asha":
             log.info(
-                f"scheduler.grace_period: {spec.scheduler.grace_period} > the {self.max_rounds} rounds a trial runs; ASHA uses {self.grace_period}"
+                f"scheduler.grace_period: {spec.scheduler.grace_period} > the {self.max_rounds} rounds a trial runs; "
+                f"ASHA uses {self.grace_period}"
             )
         if spec.metric == "time_to_target_s" and self.base_config.federation.target_accuracy is None:
             raise ConfigError("metric: time_to_target_s needs federation.target_accuracy in the base config")

@@ -126,7 +126,8 @@ class RayExecutor:
                     ) from None
                 if now - reported >= 5.0:
                     self.report(
-                        f"waiting {now - started:.0f} s for Ray to restart client actors (ray.actor_timeout_s = {self.timeout_s:g} s)"
+                        f"waiting {now - started:.0f} s for Ray to restart client actors (ray.actor_timeout_s = "
+                        f"{self.timeout_s:g} s)"
                     )
                     reported = now
                 time.sleep(0.5)
@@ -161,10 +162,12 @@ class RayExecutor:
                 self.down |= {id(a) for a, _ in homes}
                 if attempt == self.max_attempts:
                     raise ActorsLost(
-                        f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange ({type(exc).__name__})"
+                        f"round {tasks[0].round}: a client actor died in each of {attempt} tries of its exchange "
+                        f"({type(exc).__name__})"
                     ) from None
                 self.report(
-                    f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running the round's exchange again"
+                    f"round {tasks[0].round}: a client actor died in its exchange ({type(exc).__name__}); running "
+                    "the round's exchange again"
                 )
                 driver.__dict__.update(copy.deepcopy(start))
         raise AssertionError("unreachable")
@@ -327,10 +330,12 @@ class Dispatch:
             return False
         if self.runs == self.ex.max_attempts:
             raise ActorsLost(
-                f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs (federation.max_failed_fraction = {fraction:g})"
+                f"round {rnd}: {lost} of {total} clients lost to dying client actors in each of {self.runs} runs "
+                f"(federation.max_failed_fraction = {fraction:g})"
             )
         self.ex.report(
-            f"round {rnd}: {lost} of {total} clients lost to dying client actors (more than federation.max_failed_fraction = {fraction:g}): running them again"
+            f"round {rnd}: {lost} of {total} clients lost to dying client actors (more than "
+            f"federation.max_failed_fraction = {fraction:g}): running them again"
         )
         self.runs += 1
         for k in sorted(self.lost):
@@ -354,6 +359,7 @@ class Dispatch:
             )
         if now - self.reported >= 5.0:
             self.ex.report(
-                f"no client actor answers: waiting {waited:.0f} s for Ray to restart or replace them (ray.actor_timeout_s = {self.ex.timeout_s:g} s)"
+                f"no client actor answers: waiting {waited:.0f} s for Ray to restart or replace them "
+                f"(ray.actor_timeout_s = {self.ex.timeout_s:g} s)"
             )
             self.reported = now

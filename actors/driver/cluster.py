@@ -35,7 +35,8 @@ def probe(address: str) -> None:
         return
     if address.startswith(("http://", "https://")):
         raise ConfigError(
-            f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take the head's GCS address, HOST:6379"
+            f"--address {shown(address, 80)}: a dashboard's address (rayfl submit takes it); rayfl run and tune take "
+            "the head's GCS address, HOST:6379"
         )
     client = address.startswith("ray://")
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -45,7 +46,8 @@ def probe(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
     except OSError as exc:
         raise ConfigError(
-            f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the head up, and is this its GCS port (ray start --head --port, default 6379)?"
+            f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the "
+            "head up, and is this its GCS port (ray start --head --port, default 6379)?"
         ) from None
     if client:
         return
@@ -57,12 +59,15 @@ def probe(address: str) -> None:
     error = answer[0] if answer else TimeoutError()
     if isinstance(error, AuthenticationError):
         raise ConfigError(
-            f"--address {shown(address, 80)}: the cluster uses token authentication and this process has no valid token: "
-            "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
+            f"--address {shown(address, 80)}: the cluster uses token authentication and this process has no valid "
+            "token: "
+            "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless "
+            "~/.ray/auth_token holds it"
         )
     if error is not None:
         raise ConfigError(
-            f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within {PROBE_S:g} s"
+            f"--address {shown(address, 80)}: accepts connections but does not answer as a Ray head's GCS within "
+            f"{PROBE_S:g} s"
         )
 
 

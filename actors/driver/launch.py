@@ -23,9 +23,9 @@ from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import Federation, Progress, Start
 
 from .. import raystate
-from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from ..client import ClientActor
 from ..coordinator.actor import Coordinator, Duty
+from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .cluster import check_fits_here, connect
 from .follow import follow
@@ -269,7 +269,8 @@ def wait_for_actors(
         free = {k: round(available.get(k, 0.0), 3) for k in ("CPU", "GPU") if k in ray.cluster_resources()}
         if waited >= timeout_s:
             raise RuntimeError(
-                f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = {timeout_s:g} s (free now: {free})"
+                f"{len(owner)} of {len(actors)} client actors did not start within ray.actor_timeout_s = "
+                f"{timeout_s:g} s (free now: {free})"
             )
         if time.monotonic() - reported >= every_s:
             reported = time.monotonic()
@@ -278,5 +279,6 @@ def wait_for_actors(
             )  # the others are placed, starting or warming up
             if unplaced:
                 report(
-                    f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: {free}; timeout ray.actor_timeout_s = {timeout_s:g} s)"
+                    f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: "
+                    f"{free}; timeout ray.actor_timeout_s = {timeout_s:g} s)"
                 )

@@ -17,7 +17,7 @@ def fitting_rate(
     """The largest width rate in (0, 1] whose training memory (`FederationContext.training_memory`)
     fits `budget` bytes, by bisection to `RATE_TOL`; 0 when not even the thinnest fits."""
     model = model or config.model
-    need = lambda r: context.training_memory(model.model_copy(update={"rate": r}))  # noqa: E731
+    need = lambda r: context.training_memory(model.model_copy(update={"rate": r}))
     if need(1.0) <= budget:
         return 1.0
     lo, hi = 0.0, 1.0

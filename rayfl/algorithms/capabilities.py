@@ -11,8 +11,8 @@ capability by defining its method:
 | `Collapses` | `collapsed()` | warns, before the run, when the run's devices leave it nothing to adapt to |
 | `ReportsRounds` | `round_metrics(state, round, tasks)` | adds the policy's columns to the round's row |
 | `Summarizes` | `summary()` | adds the policy's entries to `summary.json` |
-| `Personalizes` | `personalize(state, round, evaluator)` | its own initial and personal accuracy (`federation.personalize_epochs`) |
-| `DrivesRounds` | `open_driver(state, round, tasks)` | a server in the loop: the round's sessions relay its driver (`exchange`) |
+| `Personalizes` | `personalize(state, round, evaluator)` | its own initial and personal accuracy |
+| `DrivesRounds` | `open_driver(state, round, tasks)` | a server in the loop: sessions relay its driver |
 | `Sums` | `summand(result)` | its aggregate is a sum: added up where the clients train (`ClientAccount`) |
 | `Costs` | `client_cost(task, result)` | what a client's round costs on the virtual clock (`ClientAccount`) |
 

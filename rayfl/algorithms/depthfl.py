@@ -223,7 +223,7 @@ class DepthFLPolicy(ServerPolicy):
         self.shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self.params = sorted(k for k, _ in model.named_parameters())
         """The global model's parameters (its auxiliary classifiers' included): FedDyn's h covers them."""
-        need = lambda d: context.training_memory(config.model.model_copy(update={"depth": d}))  # noqa: E731
+        need = lambda d: context.training_memory(config.model.model_copy(update={"depth": d}))
         budgets, inverse = np.unique(context.memory_bytes, return_inverse=True)
         self.budget_depths = {float(b): fitting_depth(list(self.variants), need, float(b)) for b in budgets}
         self.client_depths = np.array(list(self.budget_depths.values()), dtype=int)[inverse]
@@ -360,7 +360,7 @@ class DepthFLClient(ClientProcedure):
         weights = to_numpy(model)
         keep = {}
         if task.feddyn:
-            host = lambda tensors: {k: v.cpu().numpy() for k, v in tensors.items()}  # noqa: E731
+            host = lambda tensors: {k: v.cpu().numpy() for k, v in tensors.items()}
             keep["grad_prev"] = dyn_state_update(host(grad_prev), weights, host(theta_glob), task.alpha)
         return ClientResult.of(
             task,

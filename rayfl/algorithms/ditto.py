@@ -28,8 +28,8 @@ from pydantic import Field
 from ..evaluate import Evaluator
 from ..models import to_numpy, to_torch
 from ..types import ClientId, Round, Weights
-from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .capabilities import train_cost
+from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .fedprox import squared_distance
 from .local import LocalState
 from .messages import ClientResult, ClientTask, ServerState
@@ -42,7 +42,8 @@ class DittoConfig(FedAvgConfig):
     lam: float = Field(
         0.1,
         ge=0,
-        description="Ditto's lambda: weight of the personal models' pull (lambda / 2) ||v_k - w^t||^2 towards the global model",
+        description="Ditto's lambda: weight of the personal models' pull (lambda / 2) ||v_k - w^t||^2 towards the "
+        "global model",
     )
 
 

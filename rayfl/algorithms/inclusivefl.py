@@ -228,7 +228,8 @@ class InclusiveFLPolicy(ServerPolicy):
             return [Group(classes[-1].name, max(depths), (len(classes) - 1,))]
         if len(depths) != len(classes):
             raise ConfigError(
-                f"algorithm.depths: {len(depths)} depths for the {len(classes)} device classes of profile {config.devices.profile!r}"
+                f"algorithm.depths: {len(depths)} depths for the {len(classes)} device classes of profile "
+                f"{config.devices.profile!r}"
             )
         return [Group(c.name, d, (i,)) for i, (c, d) in enumerate(zip(classes, depths))]
 
@@ -355,19 +356,6 @@ def parse_depths(depths: str) -> list[int]:
     return [int(d) for d in depths.split("-")]
 
 
-INCLUSIVEFL = register(
-    Algorithm(
-        "inclusivefl",
-        "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation",
-        InclusiveFLConfig,
-        InclusiveFLPolicy,
-        FedAvgClient,
-        DEPTH_MODELS,
-        vectorizable=True,
-    )
-)
-
-
 # InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers (`plan`).
 class AllLargeDepthConfig(DepthBaselineConfig):
     """AllLarge: every client trains the largest model, ignoring memory budgets."""
@@ -390,19 +378,11 @@ class ExclusiveFLDepthConfig(DepthBaselineConfig):
     baseline: Literal["exclusivefl"] = "exclusivefl"
 
 
-for _summary, _config in (
-    ("AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client", AllLargeDepthConfig),
-    ("AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client", AllSmallDepthConfig),
-    ("ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only", ExclusiveFLDepthConfig),
+for _config, _summary in (
+    (InclusiveFLConfig, "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation"),
+    (AllLargeDepthConfig, "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client"),
+    (AllSmallDepthConfig, "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client"),
+    (ExclusiveFLDepthConfig, "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only"),
 ):
-    register(
-        Algorithm(
-            _config.model_fields["name"].default,
-            _summary,
-            _config,
-            InclusiveFLPolicy,
-            FedAvgClient,
-            DEPTH_MODELS,
-            vectorizable=True,
-        )
-    )
+    _name = _config.model_fields["name"].default
+    register(Algorithm(_name, _summary, _config, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True))

@@ -226,7 +226,8 @@ class SplitPolicy(ServerPolicy):
     def check_config(cls, config: RunConfig) -> None:
         if config.federation.local_epochs != 1:
             raise ConfigError(
-                f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not epochs; leave it at 1"
+                f"federation.local_epochs: {config.algorithm.name} trains algorithm.tau iterations a round, not "
+                "epochs; leave it at 1"
             )
 
     def eligible(self, round: Round) -> np.ndarray:

@@ -49,7 +49,8 @@ class SplitMixConfig(AlgorithmConfig):
         None,
         gt=0,
         le=1,
-        description="width rate of each base network, 1/K for an integer K bases (None: the smallest client width, rounded down to 1/K)",
+        description="width rate of each base network, 1/K for an integer K bases (None: the smallest client width, "
+        "rounded down to 1/K)",
     )
 
     @field_validator("atom")
@@ -130,11 +131,13 @@ class SplitMixPolicy(ServerPolicy):
     def check_config(cls, config: RunConfig) -> None:
         if not isinstance(config.model, WidthConfig):
             raise ConfigError(
-                f"model.name: {config.algorithm.name} needs a width-scalable model for its base networks, not {config.model.name}"
+                f"model.name: {config.algorithm.name} needs a width-scalable model for its base networks, not "
+                f"{config.model.name}"
             )
         if config.model.init_weights is not None:
             raise ConfigError(
-                f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a pretrained state would be ignored"
+                f"model.init_weights: {config.algorithm.name} draws its K base networks itself (init_state); a "
+                "pretrained state would be ignored"
             )
 
     def collapsed(self) -> str | None:
@@ -248,7 +251,8 @@ class SplitMixClient(ClientProcedure):
 SPLITMIX = register(
     Algorithm(
         "splitmix",
-        "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by averaging logits",
+        "SplitMix (Hong et al. 2022): K thin base networks, each client trains its budget's share, mixed by "
+        "averaging logits",
         SplitMixConfig,
         SplitMixPolicy,
         SplitMixClient,

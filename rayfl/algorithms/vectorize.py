@@ -37,7 +37,8 @@ def check_vectorizable(model: nn.Module, what: str) -> None:
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             raise ConfigError(
-                f"ray.vectorize: {what} has batch norm (statistics over padded per-client batches); use norm gn, ln or none, or ray.vectorize: 1"
+                f"ray.vectorize: {what} has batch norm (statistics over padded per-client batches); use norm gn, ln "
+                "or none, or ray.vectorize: 1"
             )
         if isinstance(m, nn.modules.dropout._DropoutNd):
             raise ConfigError(

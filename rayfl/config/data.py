@@ -63,7 +63,8 @@ class NaturalPartition(Strict):
     kind: Literal["natural"] = "natural"
     by: str | None = Field(
         None,
-        description="the column naming each sample's client (data.name: hf); its values in sorted order are clients 0, 1, ...",
+        description="the column naming each sample's client (data.name: hf); its values in sorted order are clients "
+        "0, 1, ...",
     )
 
 

@@ -43,7 +43,8 @@ class DiurnalAvailability(Strict):
     def _fits(self) -> "DiurnalAvailability":
         if self.on_fraction * (1 + self.amplitude) > 1:
             raise ValueError(
-                f"on_fraction ({self.on_fraction:g}) x (1 + amplitude ({self.amplitude:g})) exceeds 1: the peak would be online more than always"
+                f"on_fraction ({self.on_fraction:g}) x (1 + amplitude ({self.amplitude:g})) exceeds 1: the peak "
+                "would be online more than always"
             )
         if self.slot_s >= self.session_s:
             raise ValueError(f"slot_s ({self.slot_s:g}) must be shorter than session_s ({self.session_s:g})")

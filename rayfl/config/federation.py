@@ -140,7 +140,8 @@ class AsyncConfig(Strict):
 class FederationConfig(Strict):
     mode: Literal["sync", "deadline", "async"] = Field(
         "sync",
-        description="sync: every round waits for its slowest client; deadline: over-select, close at K updates or the deadline; async: FedAsync / FedBuff",
+        description="sync: every round waits for its slowest client; deadline: over-select, close at K updates or "
+        "the deadline; async: FedAsync / FedBuff",
     )
     deadline: DeadlineConfig = DeadlineConfig()
     asynchronous: AsyncConfig = Field(AsyncConfig(), alias="async")
@@ -160,7 +161,8 @@ class FederationConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: GradClip | None = Field(
         None,
-        description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} (HeteroFL: norm 1; FedSup's code: value 1)",
+        description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} "
+        "(HeteroFL: norm 1; FedSup's code: value 1)",
     )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_clients: int = Field(
@@ -173,7 +175,8 @@ class FederationConfig(Strict):
     personalize_epochs: int = Field(
         0,
         ge=0,
-        description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy / personal_accuracy (FedSup Sec. 4.1); 0: off",
+        description="at each evaluation, fine-tune the head this many epochs per client and report initial_accuracy "
+        "/ personal_accuracy (FedSup Sec. 4.1); 0: off",
     )
     personalize_lr: float | None = Field(None, gt=0, description="the head fine-tuning rate (None: lr)")
     checkpoint_every: int = Field(10, ge=0, description="save the server state every k rounds (and the last); 0 never")
@@ -181,7 +184,8 @@ class FederationConfig(Strict):
         0.5,
         ge=0,
         le=1,
-        description="on Ray: a round that lost more than this fraction of its clients to dying client actors (not their own failures) runs them again instead of recording them",
+        description="on Ray: a round that lost more than this fraction of its clients to dying client actors (not "
+        "their own failures) runs them again instead of recording them",
     )
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="summary.json reports the virtual time to reach it"
@@ -195,7 +199,8 @@ class FederationConfig(Strict):
             and self.asynchronous.buffer_size > self.concurrency
         ):
             raise ValueError(
-                f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, federation.async.concurrency ({self.concurrency}): the buffer would never fill"
+                f"federation.async.buffer_size ({self.asynchronous.buffer_size}) exceeds the clients in flight, "
+                f"federation.async.concurrency ({self.concurrency}): the buffer would never fill"
             )
         return self
 
@@ -203,7 +208,8 @@ class FederationConfig(Strict):
     def _warmup_fits(self) -> "FederationConfig":
         if self.lr_schedule.warmup_rounds >= self.rounds:
             raise ValueError(
-                f"federation.lr_schedule.warmup_rounds ({self.lr_schedule.warmup_rounds}) leaves no round of the schedule: give fewer than federation.rounds ({self.rounds})"
+                f"federation.lr_schedule.warmup_rounds ({self.lr_schedule.warmup_rounds}) leaves no round of the "
+                f"schedule: give fewer than federation.rounds ({self.rounds})"
             )
         return self
 

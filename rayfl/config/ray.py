@@ -26,7 +26,8 @@ class RayConfig(Strict):
     coordinator_node: str = Field(
         "head",
         min_length=1,
-        description="where the coordinator runs: head (the head node), any, or the name of a custom resource the chosen nodes have",
+        description="where the coordinator runs: head (the head node), any, or the name of a custom resource the "
+        "chosen nodes have",
     )
     coordinator_restarts: int = Field(
         3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)"
@@ -34,15 +35,20 @@ class RayConfig(Strict):
     pool_idle_s: float = Field(
         300.0,
         ge=0,
-        description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: they leave with the run (docs/ray.md)",
+        description="on a running cluster, the run's actors stay warm in the pool for the next run this long; 0: "
+        "they leave with the run (docs/ray.md)",
     )
     vectorize: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
         "auto",
-        description="train this many of a call's clients together in one batched computation (torch.func.vmap); auto: on a GPU client actor every client of a call that its memory share holds (where the algorithm and model allow it), else 1",
+        description="train this many of a call's clients together in one batched computation (torch.func.vmap); "
+        "auto: on a GPU client actor every client of a call that its memory share holds (where the "
+        "algorithm and model allow it), else 1",
     )
     clients_per_call: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
         "auto",
-        description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, so results do not depend on the runner; auto: 5, or with gpus_per_actor the round's clients per actor (under num_actors auto, the actors one GPU holds)",
+        description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, "
+        "so results do not depend on the runner; auto: 5, or with gpus_per_actor the round's clients per "
+        "actor (under num_actors auto, the actors one GPU holds)",
     )
 
 
@@ -106,7 +112,8 @@ class Resources:
         if size < 1:
             have = {key: free.get(key, 0) for key in ("CPU", "GPU")}
             raise ConfigError(
-                f"ray: no room for one client actor (cpus_per_actor={self.cpus}, gpus_per_actor={self.gpus}; free {have})"
+                f"ray: no room for one client actor (cpus_per_actor={self.cpus}, gpus_per_actor={self.gpus}; free "
+                f"{have})"
             )
         return size
 

@@ -21,7 +21,8 @@ class ModelConfig(Strict):
     name: str = "cnn"
     init_weights: Path | None = Field(
         None,
-        description="a state dict saved with torch.save: the global model starts from its tensors whose names and shapes match (a new head keeps its initialisation)",
+        description="a state dict saved with torch.save: the global model starts from its tensors whose names and "
+        "shapes match (a new head keeps its initialisation)",
     )
 
     @field_validator("init_weights")
@@ -76,7 +77,8 @@ class RunConfig(Strict):
             raise ValueError(f"federation.clients_per_round ({fed.clients_per_round}) exceeds data.num_clients ({n})")
         if fed.mode == "deadline" and fed.selected_clients > n:
             raise ValueError(
-                f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} selects {fed.selected_clients} clients; data.num_clients is {n}"
+                f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} "
+                f"selects {fed.selected_clients} clients; data.num_clients is {n}"
             )
         if fed.mode == "async" and fed.concurrency > n:
             raise ValueError(f"federation.async.concurrency ({fed.concurrency}) exceeds data.num_clients ({n})")

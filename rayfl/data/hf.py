@@ -87,7 +87,7 @@ def labels(train: Any, test: Any, column: str) -> tuple[np.ndarray, np.ndarray, 
         return np.asarray(train[column], np.int64), np.asarray(test[column], np.int64), int(feature.num_classes)
     values = sorted(set(train[column]) | set(test[column]))
     index = {v: i for i, v in enumerate(values)}
-    to_ids = lambda split: np.array([index[v] for v in split[column]], np.int64)  # noqa: E731
+    to_ids = lambda split: np.array([index[v] for v in split[column]], np.int64)
     return to_ids(train), to_ids(test), len(values)
 
 

@@ -160,7 +160,8 @@ def partition(dataset: Dataset, config: DataConfig, seed: int) -> Clients:
         train = by_column(dataset.name, columns, spec.by, n)
     else:  # natural: only a generated federation, or a dataset with a client column, has its own clients
         raise ConfigError(
-            f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level, sampled (or natural with by: COLUMN for a Hugging Face dataset)"
+            f"data.partition.kind: {dataset.name} has no natural clients; use iid, dirichlet, shards, noniid_level, "
+            "sampled (or natural with by: COLUMN for a Hugging Face dataset)"
         )
     return Partitioned(dataset, train, test)
 

@@ -74,7 +74,8 @@ def load_dataset(config: DataConfig, seed: int) -> Any:
     names and missing files raise `ConfigError`."""
     if config.name not in _SOURCES:
         raise ConfigError(
-            f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: {', '.join(sorted(_SOURCES))})"
+            f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: "
+            f"{', '.join(sorted(_SOURCES))})"
         )
     return _SOURCES[config.name].load(config, seed)
 

@@ -25,8 +25,7 @@ import math
 import numpy as np
 
 from .. import rng
-from ..config import ConfigError
-from ..config import DiurnalAvailability
+from ..config import ConfigError, DiurnalAvailability
 
 
 class Bernoulli:
@@ -156,7 +155,8 @@ def check_rates(cfg: DiurnalAvailability, q: float) -> None:
     rate = (p_next - p * (1 - q)) / (1 - p)
     if rate.min() < -1e-12 or rate.max() > 1 + 1e-12:
         raise ConfigError(
-            f"devices.availability: sessions of {cfg.session_s:g} s cannot follow a day cycle of amplitude {cfg.amplitude:g} "
+            f"devices.availability: sessions of {cfg.session_s:g} s cannot follow a day cycle of amplitude "
+            f"{cfg.amplitude:g} "
             f"(the online share would fall faster than sessions end); lower amplitude or session_s"
         )
 

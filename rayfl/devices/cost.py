@@ -229,7 +229,7 @@ def spent(device: DeviceState, flops: float, bytes_down: int, bytes_up: int, cut
     d = min(cut_s, down_s)
     c = min(max(cut_s - down_s, 0.0), t.compute_s)
     u = min(max(cut_s - down_s - t.compute_s, 0.0), up_s)
-    share = lambda done, whole: done / whole if whole > 0 else 1.0  # noqa: E731
+    share = lambda done, whole: done / whole if whole > 0 else 1.0
     f, bd, bu = flops * share(c, t.compute_s), int(bytes_down * share(d, down_s)), int(bytes_up * share(u, up_s))
     return Spent(f, bd, bu, c, d + u, energy_j(device, f, bd + bu))
 

@@ -8,8 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import rng
-from ..config import DevicesConfig
-from ..config import Availability, BernoulliAvailability, PopulationConfig
+from ..config import Availability, BernoulliAvailability, DevicesConfig, PopulationConfig
 from .availability import Bernoulli, Diurnal, TraceWindows
 from .churn import Churn
 from .profile import DeviceClass, DeviceProfile, DeviceState, configured_profile

@@ -8,8 +8,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from ..catalog import closest, profile_files
-from ..config import ConfigError, DevicesConfig, Strict
-from ..config import mix_shares
+from ..config import ConfigError, DevicesConfig, Strict, mix_shares
 from ..config.files import format_error, read_yaml
 
 ENERGY_J_PER_GFLOP = 0.1
@@ -29,7 +28,8 @@ class DeviceClass(Strict):
     memory_width: float | None = Field(
         None,
         gt=0,
-        description="memory budget as a width (FeDepth's 'x r width'): the measured memory of training the run's model at "
+        description="memory budget as a width (FeDepth's 'x r width'): the measured memory of training the run's "
+        "model at "
         "width rate r (its configured batch size and optimizer); r > 1 is a wider network than the model",
     )
     bandwidth_mbps: tuple[float, float] = Field(description="[low, high]: the range of link speeds, Mb/s")
@@ -86,7 +86,8 @@ def load_profile(spec: str) -> DeviceProfile:
     path = builtin.get(spec, Path(spec).expanduser())
     if spec not in builtin and not path.is_file():
         raise ConfigError(
-            f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a file{closest(spec, builtin)}"
+            f"devices.profile: {spec!r} is neither a built-in profile ({', '.join(sorted(builtin))}) nor a "
+            f"file{closest(spec, builtin)}"
         )
     raw = read_yaml(path)
     try:
@@ -104,7 +105,8 @@ def with_mix(profile: DeviceProfile, mix: str | None) -> DeviceProfile:
     if len(shares) != len(profile.classes):
         names = ":".join(c.name for c in profile.classes)
         raise ConfigError(
-            f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} classes ({names})"
+            f"devices.mix: {mix!r} has {len(shares)} numbers; profile {profile.name!r} has {len(profile.classes)} "
+            f"classes ({names})"
         )
     classes = [c.model_copy(update={"proportion": s}) for c, s in zip(profile.classes, shares) if s > 0]
     return profile.model_copy(update={"classes": classes})

@@ -19,8 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import rng
-from ..config import ConfigError
-from ..config import DiurnalAvailability
+from ..config import ConfigError, DiurnalAvailability
 
 DEVICE_COLUMNS = (
     "device_id",

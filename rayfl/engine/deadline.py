@@ -127,7 +127,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         closed_at = (
             min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
         )
-    flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)  # noqa: E731
+    flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)
     carried = late.arrive(closed_at)
     merged = sorted(
         [(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
@@ -148,7 +148,8 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         if r.status == "ok":
             row.update(
                 status="late",
-                reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s ({'carried' if keep else 'dropped'})",
+                reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s "
+                f"({'carried' if keep else 'dropped'})",
             )
         rows.append(row)
     waits = [row["wait_s"] for row in rows if "wait_s" in row]

@@ -60,7 +60,8 @@ class Federation:
             matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
             if not matched:
                 raise ConfigError(
-                    f"model.init_weights: no tensor of {self.config.model.init_weights} matches model {self.config.model.name}"
+                    f"model.init_weights: no tensor of {self.config.model.init_weights} matches model "
+                    f"{self.config.model.name}"
                 )
             weights.update((k, v.astype(weights[k].dtype)) for k, v in matched.items())
         return weights
@@ -82,9 +83,9 @@ def build_federation(config: RunConfig) -> Federation:
     models = ModelCache(clients.input_shape, clients.num_classes)
     probe = models.build(config.model)
     costs = CostCache()
-    cost_of = lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape)  # noqa: E731
+    cost_of = lambda variant: costs.get(variant, lambda: models.build(variant), clients.input_shape)
     slots = OptimizerSpec.of(config.federation, config.federation.lr).state_slots
-    training_memory = lambda variant: cost_of(variant).training_memory(config.federation.batch_size, slots)  # noqa: E731
+    training_memory = lambda variant: cost_of(variant).training_memory(config.federation.batch_size, slots)
     context = FederationContext(
         seed=config.seed,
         num_clients=config.data.num_clients,

@@ -164,7 +164,8 @@ class Settled:
     outcome: ClientResult | ClientFailure
     """The result (its weights dropped once added into a partial sum) or the failure."""
     status: str
-    """ok | rejected (an update with non-finite values, wrong keys or shapes) | failed | skipped | dropped (`admission`)."""
+    """ok | rejected (an update with non-finite values, wrong keys or shapes) | failed | skipped |
+    dropped (`admission`)."""
     reason: str
     cost: tuple[float, int, int] | None
     """(training FLOPs, bytes down, bytes up) on the virtual clock; None for a skipped client."""

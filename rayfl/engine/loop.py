@@ -21,8 +21,8 @@ from .. import checkpoint
 from ..algorithms.capabilities import Collapses, Summarizes
 from ..algorithms.messages import ServerState
 from ..config import ConfigError, RunConfig
-from ..storage import dump_config
 from ..metrics import Recorder, TensorBoard
+from ..storage import dump_config
 from .admission import Batteries
 from .federation import Federation, build_federation
 from .round import Executor, RoundOutcome, evaluate
@@ -86,7 +86,8 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
             else ""
         )
         log.warning(
-            f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its baseline{hint}"
+            f"{config.algorithm.name} under devices.profile {config.devices.profile}: {collapse}, so it runs as its "
+            f"baseline{hint}"
         )
     check_writable(run_dir)
     start = start_of(fed, run_dir, resume)

@@ -120,7 +120,7 @@ class CnnSConfig(SplitConfig):
 def build_cnn_s(config: CnnSConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn_s", input_shape, 2, "sequence (C, L)")
     c = input_shape[0]
-    block = lambda i, o, k, s: [nn.Conv1d(i, o, k, s), nn.BatchNorm1d(o), nn.ReLU(inplace=True), nn.MaxPool1d(4)]  # noqa: E731
+    block = lambda i, o, k, s: [nn.Conv1d(i, o, k, s), nn.BatchNorm1d(o), nn.ReLU(inplace=True), nn.MaxPool1d(4)]
     return nn.Sequential(
         *block(c, 32, 80, 16),
         *block(32, 32, 3, 1),

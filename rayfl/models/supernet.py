@@ -44,7 +44,8 @@ class SupernetConfig(ModelConfig):
     stem_stride: int = Field(2, ge=1)
     widths: tuple[tuple[int, ...], ...] = Field(
         ((32, 64), (64, 128), (128, 256), (512, 1024)),
-        description="width choices per stage (the public code's; Table 5 gives the ranges 32-64, 64-128, 128-256, 256-1024)",
+        description="width choices per stage (the public code's; Table 5 gives the ranges 32-64, 64-128, 128-256, "
+        "256-1024)",
     )
     depths: tuple[tuple[int, ...], ...] = Field(((1,), (1, 2), (1, 2), (1, 2)), description="depth choices per stage")
     kernels: tuple[tuple[int, ...], ...] = Field(((3, 5, 7),) * 4, description="kernel choices per stage (odd)")
@@ -88,12 +89,12 @@ class Subnet:
     @classmethod
     def of(cls, static: SupernetConfig) -> "Subnet":
         """The sub-net a static config (one choice per stage, `config`'s output) stands for."""
-        first = lambda choices: tuple(c[0] for c in choices)  # noqa: E731
+        first = lambda choices: tuple(c[0] for c in choices)
         return cls(first(static.widths), first(static.depths), first(static.kernels))
 
     def config(self, supernet: SupernetConfig) -> SupernetConfig:
         """The static model of this sub-net (its state is `crop` of the supernet's)."""
-        single = lambda xs: tuple((x,) for x in xs)  # noqa: E731
+        single = lambda xs: tuple((x,) for x in xs)
         return supernet.model_copy(
             update={"widths": single(self.widths), "depths": single(self.depths), "kernels": single(self.kernels)}
         )
@@ -126,7 +127,7 @@ def medium(config: SupernetConfig) -> Subnet:
 
 def random_subnet(config: SupernetConfig, g: np.random.Generator) -> Subnet:
     """Width, depth and kernel of every stage drawn uniformly from its choices."""
-    pick = lambda choices: tuple(int(c[g.integers(len(c))]) for c in choices)  # noqa: E731
+    pick = lambda choices: tuple(int(c[g.integers(len(c))]) for c in choices)
     return frozen_last(config, Subnet(pick(config.widths), pick(config.depths), pick(config.kernels)))
 
 

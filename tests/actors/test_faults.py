@@ -11,9 +11,9 @@ import pytest
 
 from actors.coordinator.executor import ActorsLost, RayExecutor
 from rayfl import api
+from rayfl.config.load import load_config
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
-from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import actors_of, checkpoint_of, once_written
 
@@ -203,7 +203,8 @@ def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     executor, groups, notes = flaky(doomed=[0, 2], deaths=3)  # 4 of 6 lost on the first run, then they pass
     assert executor.submit(groups, False)() == [[0, 1], [2, 3], [4, 5]]
     assert rounds_run_again(notes) == [
-        "round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): running them again"
+        "round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): "
+        "running them again"
     ]
     executor, groups, notes = flaky(doomed=[4], deaths=99)
     executor.max_failed_fraction = 0.1

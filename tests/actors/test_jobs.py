@@ -223,7 +223,8 @@ def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, 
     code = (
         "import sys, pathlib; from rayfl import api; "
         f"info = api.client({url!r}).get_job_info({job_id!r}); "
-        f"api.unpack(api.packed_on_node({url!r}, info.driver_node_id, {on_head!r}, {client_port}), pathlib.Path({str(tmp_path / 'remote')!r}))"
+        f"api.unpack(api.packed_on_node({url!r}, info.driver_node_id, {on_head!r}, {client_port}), "
+        f"pathlib.Path({str(tmp_path / 'remote')!r}))"
     )
     remote = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert remote.returncode == 0, remote.stderr[-2000:]
@@ -281,8 +282,10 @@ def test_joining_the_token_head_without_its_token_says_how_to_pass_it(head_node,
     ]
     done = subprocess.run(run, env=bare, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.splitlines() == [
-        f"rayfl: error: --address {address}: the cluster uses token authentication and this process has no valid token: "
-        "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token holds it"
+        f"rayfl: error: --address {address}: the cluster uses token authentication and this process has no valid "
+        "token: "
+        "export RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN=<the head's `ray get-auth-token`> unless ~/.ray/auth_token "
+        "holds it"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
     done = subprocess.run(

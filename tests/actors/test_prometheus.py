@@ -108,7 +108,10 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     )
     # Ctrl-C's handler set in the run itself: a background job (CI's, say) inherits SIGINT ignored.
     argv = ["run", "--out", str(run_dir), *[a for s in sets for a in ("--set", s)]]
-    launch = f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); from rayfl.cli import main; sys.exit(main({argv!r}))"
+    launch = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"from rayfl.cli import main; sys.exit(main({argv!r}))"
+    )
     run = subprocess.Popen(
         [sys.executable, "-c", launch],
         env=env,
@@ -134,7 +137,8 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
             f"the run ended before Prometheus saw it: {(tmp_path / 'run.err').read_text()[-2000:]}"
         )
         assert SERIES - names == set(), (
-            f"series Prometheus never saw: {sorted(SERIES - names)} ({(tmp_path / 'prometheus.log').read_text()[-1000:]})"
+            f"series Prometheus never saw: {sorted(SERIES - names)} "
+            f"({(tmp_path / 'prometheus.log').read_text()[-1000:]})"
         )
 
         def values(promql: str) -> list[float]:
@@ -164,9 +168,10 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
         # the carried ones; the other 2 counted `late`, once per finished round.
         per_round = lambda status: float(
             p.query(
-                f'ray_rayfl_clients_total{{{selector}, status="{status}"}} / ignoring(status) ray_rayfl_round{{{selector}}}'
+                f'ray_rayfl_clients_total{{{selector}, status="{status}"}} / ignoring(status) '
+                f"ray_rayfl_round{{{selector}}}"
             )[0]["value"][1]
-        )  # noqa: E731
+        )
         assert 4 - 0.5 <= per_round("ok") <= 6 + 0.5 and per_round("late") == pytest.approx(2, abs=0.5)
         assert all(0 <= s for s in values(f"ray_rayfl_mean_staleness{{{selector}}}[1m]"))
     finally:

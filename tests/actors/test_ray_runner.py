@@ -109,7 +109,8 @@ FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
             "federation.rounds=2",
             "model.aux_heads=1-2-3-4-6",
         ],
-        # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants mixed on an actor).
+        # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants
+        # mixed on an actor).
         ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
         ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
         # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's

@@ -157,7 +157,7 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
     env.pop("RAY_ADDRESS", None)
     rayfl = lambda *args: subprocess.run(
         [sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300
-    )  # noqa: E731
+    )
     up = rayfl("up", "--num-cpus", "2")
     assert up.returncode == 0 and "a local Ray head is up at 127.0.0.1:" in up.stdout, up.stderr
     record = __import__("json").loads((tmp_path / "home" / "rayfl" / "head.json").read_text())

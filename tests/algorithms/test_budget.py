@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from rayfl.algorithms.budget import RATE_TOL, fitting_rate
-from rayfl.engine import build_federation, torch_threads
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation, torch_threads
 
 CFG = load_config(None, ["algorithm.name=heterofl"])
 
@@ -41,7 +41,7 @@ def test_a_budget_that_fits_not_even_the_thinnest_model_gives_rate_zero():
 def test_the_fitting_rate_of_a_measured_model_brackets_the_budget():
     with torch_threads():
         fed = build_federation(CFG)
-    need = lambda r: fed.context.training_memory(CFG.model.model_copy(update={"rate": r}))  # noqa: E731
+    need = lambda r: fed.context.training_memory(CFG.model.model_copy(update={"rate": r}))
     budget = (need(0.3) + need(0.6)) / 2
     r = fitting_rate(CFG, fed.context, budget)
     assert 0.3 <= r < 0.6 and need(r) <= budget < need(r + RATE_TOL)

@@ -23,8 +23,8 @@ from rayfl.algorithms.depthfl import (
     self_distillation_loss,
 )
 from rayfl.algorithms.messages import ClientResult
-from rayfl.engine import build_federation
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -65,7 +65,7 @@ def test_depths_under_fair_budgets_and_who_is_selected():
     cfg = fed.config
     need = lambda d: ctx.cost_of(cfg.model.model_copy(update={"depth": d})).training_memory(
         cfg.federation.batch_size, 0
-    )  # noqa: E731
+    )
     assert policy.exits == (2, 5, 8) and policy.global_model().aux_heads == "3-6"
     assert fitting_depth([3, 6, 9], need, (need(3) + need(6)) / 2) == 3
     budgets = ctx.memory_bytes

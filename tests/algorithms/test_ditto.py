@@ -12,9 +12,9 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.ditto import DittoTask, personal_step
 from rayfl.algorithms.local import LocalState
 from rayfl.algorithms.messages import ClientResult
+from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.evaluate import Evaluator
-from rayfl.config.load import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import InProcessExecutor, run_local
 from tests.algorithms.tiny import TinyClients, aggregated, context, linear

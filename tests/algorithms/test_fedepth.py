@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss, train_stage
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
+from rayfl.config.load import load_config
 from rayfl.devices.cost import measure
 from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
 from rayfl.engine.federation import width_memory
-from rayfl.config.load import load_config
 from rayfl.models import build_model, to_numpy
 from rayfl.models.preresnet20 import PreResNet20Config, link
 from rayfl.runner import InProcessExecutor
@@ -37,8 +37,8 @@ def test_the_public_codes_preresnet20_schedules_come_out_of_measured_memory():
     # memory of training the r-width network; the partitioner must give the code's hand-written plans.
     shape = (3, 32, 32)
     cfg = load_config(None, ["algorithm.name=fedepth", "federation.batch_size=128", "federation.momentum=0.9"])
-    cost_of = lambda v: measure(build_model(v, shape, 10), shape)  # noqa: E731
-    training_memory = lambda v: cost_of(v).training_memory(128, 1)  # noqa: E731  (batch 128, SGD with momentum)
+    cost_of = lambda v: measure(build_model(v, shape, 10), shape)
+    training_memory = lambda v: cost_of(v).training_memory(128, 1)  #  (batch 128, SGD with momentum)
     from rayfl.algorithms.fedepth import measure_layers, plan
 
     costs = measure_layers(build_model(cfg.model, shape, 10), shape)
@@ -96,7 +96,7 @@ def test_mkd_loss_against_a_hand_computed_value():
     z = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 1.0]])
     peer = torch.tensor([[0.5, 0.5, 2.0], [1.0, 0.0, 0.0]])
     y = torch.tensor([1, 2])
-    sm = lambda a: np.exp(a) / np.exp(a).sum(1, keepdims=True)  # noqa: E731
+    sm = lambda a: np.exp(a) / np.exp(a).sum(1, keepdims=True)
     p, q = sm(z.numpy()), sm(peer.numpy())
     ce = -np.mean(np.log(p[[0, 1], [1, 2]]))
     kl = np.mean(np.sum(q * (np.log(q) - np.log(p)), 1))  # KL(peer || self), batch mean

@@ -19,9 +19,9 @@ from rayfl.algorithms.heterofl import (
 )
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
+from rayfl.config.load import parse_config
 from rayfl.data import Dataset, Partitioned
 from rayfl.devices import CostCache
-from rayfl.config.load import parse_config
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig
 from rayfl.runner import run_local
@@ -93,7 +93,7 @@ def test_preresnet_sub_model_is_aligned_through_blocks_and_shortcuts():
 
 def context(input_shape, num_clients=10, memory=None, hist=None):
     costs = CostCache()
-    cost_of = lambda v: costs.get(v, lambda: build_model(v, input_shape, 10), input_shape)  # noqa: E731
+    cost_of = lambda v: costs.get(v, lambda: build_model(v, input_shape, 10), input_shape)
     return FederationContext(
         seed=0,
         num_clients=num_clients,
@@ -195,7 +195,7 @@ def test_heterofl_round_trains_narrow_clients_cheaper(tmp_path):
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     assert set(clients["model_rate"]) == {1.0, 0.0625}
     wide, narrow = (clients[clients.model_rate == r] for r in (1.0, 0.0625))
-    per_sample = lambda df: (df.flops / df.num_samples).iloc[0]  # noqa: E731
+    per_sample = lambda df: (df.flops / df.num_samples).iloc[0]
     assert per_sample(narrow) < per_sample(wide) / 50 and narrow.bytes_down.max() < wide.bytes_down.min() / 50
     assert {"test_accuracy@a", "test_accuracy@e", "test_accuracy_local"} <= set(metrics.columns)
     assert summary["levels"]["e"]["params"] < summary["levels"]["a"]["params"] / 100

@@ -22,8 +22,8 @@ from rayfl.algorithms import inclusivefl
 from rayfl.algorithms.inclusivefl import distill, heterogeneous, momentum_of, sharers
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -312,7 +312,7 @@ def test_heterofl_at_the_depth_models_parameter_counts():
     levels = fed.policy.summary()["levels"]
     count = lambda **change: sum(
         p.numel() for p in build_model(cfg.model.model_copy(update=change), fed.context.input_shape, 10).parameters()
-    )  # noqa: E731
+    )
     assert levels["a"]["params"] == count(depth=6) and levels["a"]["rate"] == 1.0
     for name, depth in (("b", 4), ("c", 2)):
         target = count(depth=depth)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rayfl.algorithms.local import LocalState
-from rayfl.engine import build_federation
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

@@ -7,8 +7,8 @@ import pytest
 
 from rayfl.algorithms import registry
 from rayfl.config import ConfigError
-from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.runner import InProcessExecutor, run_local
 
 ALGORITHMS = sorted(registry.algorithms())

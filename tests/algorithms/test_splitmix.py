@@ -19,9 +19,9 @@ from rayfl.algorithms import aggregate
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
+from rayfl.config.load import load_config
 from rayfl.devices import configured_profile
 from rayfl.devices.cost import nbytes
-from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
@@ -44,7 +44,7 @@ def stub_policy(*extra: str) -> SplitMixPolicy:
     )
     cost = lambda variant: SimpleNamespace(
         training_memory=lambda batch, slots: 600.0 * variant.rate, train_flops=6.0 * variant.rate, num_params=1
-    )  # noqa: E731
+    )
     context = FederationContext(
         seed=7,
         num_clients=8,

@@ -11,8 +11,8 @@ from PIL import Image
 
 from rayfl.cli import main
 from rayfl.config import ConfigError
-from rayfl.data import load_clients, load_dataset
 from rayfl.config.load import load_config
+from rayfl.data import load_clients, load_dataset
 
 SHAPES = ("circle", "square", "stripe")  # imagefolder's ClassLabel ids: the sorted folder names
 
@@ -76,7 +76,7 @@ def test_rayfl_run_on_an_image_folder_and_a_text_csv(image_folder, text_csv, tmp
         "model.name=mlp",
         "federation.local_epochs=2",
     ]
-    sets = lambda items: [a for s in items for a in ("--set", s)]  # noqa: E731
+    sets = lambda items: [a for s in items for a in ("--set", s)]
     assert (
         main(
             [
@@ -104,7 +104,8 @@ def test_rayfl_run_on_an_image_folder_and_a_text_csv(image_folder, text_csv, tmp
     for run in (
         "img",
         "txt",
-    ):  # hashed texts are l2-normed over 1024 features: small inputs, a larger rate (at 0.05 the loss falls 0.696 -> 0.670 in 20 rounds)
+    ):  # hashed texts are l2-normed over 1024 features: small inputs, a larger rate
+        # (at 0.05 the loss falls 0.696 -> 0.670 in 20 rounds)
         assert pd.read_parquet(tmp_path / run / "metrics.parquet")["test_accuracy"].iloc[-1] > 0.9
 
 

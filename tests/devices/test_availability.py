@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rayfl.config import ConfigError
-from rayfl.config import DiurnalAvailability, PopulationConfig
+from rayfl.config import ConfigError, DiurnalAvailability, PopulationConfig
 from rayfl.devices.availability import Diurnal, TraceWindows
 from rayfl.devices.churn import Churn
 

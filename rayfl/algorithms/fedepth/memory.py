@@ -100,7 +100,7 @@ def measure_layers(model: nn.Module, input_shape: tuple[int, ...]) -> LayerCosts
         for h in hooks:
             h.remove()
     outputs = {name: inputs[nxt] for name, nxt in zip(list(parts)[:-1], list(parts)[1:])}
-    nbytes_of = lambda params: sum(p.numel() * p.element_size() for p in params)  # noqa: E731
+    nbytes_of = lambda params: sum(p.numel() * p.element_size() for p in params)
 
     def cost(
         part: nn.Module,

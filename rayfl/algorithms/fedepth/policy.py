@@ -33,15 +33,18 @@ class FeDepthConfig(AlgorithmConfig):
     name: str = "fedepth"
     memory: Literal["blocks", "stage"] = Field(
         "blocks",
-        description="what must fit the budget: each block's own training (the paper's Table 1), or all a stage holds (stem, classifier, weights)",
+        description="what must fit the budget: each block's own training (the paper's Table 1), or all a stage holds "
+        "(stem, classifier, weights)",
     )
     cache_prefix: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="cache the frozen prefix's outputs when the budget holds them (auto), always, or recompute per batch",
+        description="cache the frozen prefix's outputs when the budget holds them (auto), always, or recompute per "
+        "batch",
     )
     frozen_drift: bool = Field(
         False,
-        description="one optimizer for all stages whose zeroed gradients keep moving frozen blocks (the public code under PyTorch 1.7)",
+        description="one optimizer for all stages whose zeroed gradients keep moving frozen blocks (the public code "
+        "under PyTorch 1.7)",
     )
     mkd_models: int = Field(2, ge=1, description="most models a client with surplus memory trains jointly (1: no MKD)")
     mkd_lambda: float = Field(1.0, ge=0, description="weight lambda of the KL terms of mutual knowledge distillation")
@@ -109,14 +112,16 @@ class FeDepthPolicy(ServerPolicy):
         """Clients whose budget trains at least the last layer; the others never take part."""
         if not self.fits.any():
             raise ConfigError(
-                f"devices.profile: no client's memory budget can train even the last layer of {config.model.name} at batch size {config.federation.batch_size}"
+                f"devices.profile: no client's memory budget can train even the last layer of {config.model.name} at "
+                f"batch size {config.federation.batch_size}"
             )
         if self.aux:
             ends = {b[-1] for p in self.plans.values() if p for b in p.blocks[:-1]}
             missing = sorted(ends - set(self.costs.aux))
             if missing:
                 raise ConfigError(
-                    f"model.aux_heads: blocks end after layers {[i + 1 for i in missing]}, which have no auxiliary classifier"
+                    f"model.aux_heads: blocks end after layers {[i + 1 for i in missing]}, which have no auxiliary "
+                    "classifier"
                 )
 
     @classmethod
@@ -224,7 +229,7 @@ class FeDepthPolicy(ServerPolicy):
         return flops, nbytes(task.weights), nbytes(result.weights)
 
     def summary(self) -> dict[str, Any]:
-        mib = lambda b: b / 2**20  # noqa: E731
+        mib = lambda b: b / 2**20
         plans = {
             f"{mib(b):.3f} MiB": p
             and {

@@ -42,7 +42,8 @@ class MergeSFLConfig(SFLConfig):
     merge_features: bool = Field(True, description="merge all workers' features into one top step (ablation: false)")
     regulate_batch: bool = Field(
         True,
-        description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation false: one batch size, the mean of Eq. 9's)",
+        description="Eq. 9 batch size regulation and Eq. 14 fine-tuning (ablation false: one batch size, the mean of "
+        "Eq. 9's)",
     )
     kl_aware: bool = Field(
         True, description="GA selection and Eq. 14 fine-tuning toward Phi_0 (false: uniform selection)"
@@ -56,7 +57,8 @@ class MergeSFLConfig(SFLConfig):
     )
     budget: Literal["fixed", "estimated"] = Field(
         "fixed",
-        description="B^h of Eq. 10: max_merged every round, or estimated from the ingress the PS observed in earlier rounds (Sec. IV-B)",
+        description="B^h of Eq. 10: max_merged every round, or estimated from the ingress the PS observed in earlier "
+        "rounds (Sec. IV-B)",
     )
     budget_quantile: float = Field(
         0.5, gt=0, lt=1, description="estimated B^h: this quantile of the earlier rounds' observed ingress"
@@ -102,7 +104,7 @@ class MergeSFLPolicy(SFLPolicy):
 
     def estimates(self, state: ServerState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mu, beta, K) carried in the state's per-client entries."""
-        arr = lambda key: np.array([float(state.clients[c][key]) for c in range(self.context.num_clients)])  # noqa: E731
+        arr = lambda key: np.array([float(state.clients[c][key]) for c in range(self.context.num_clients)])
         return arr("mu"), arr("beta"), arr("K")
 
     def init_state(self, weights):

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.mergesfl import control
-from rayfl.engine import build_federation
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
