@@ -71,7 +71,7 @@ LAYERS = [
         "rayfl.algorithms.vectorize",
         "rayfl.algorithms.budget",
     ],
-    ["rayfl.algorithms.base", "rayfl.algorithms.registry"],
+    ["rayfl.algorithms.base", "rayfl.algorithms.capabilities", "rayfl.algorithms.registry"],
     ["rayfl.algorithms"],  # each algorithm's module, and the package that registers them
     ["rayfl.checkpoint", "rayfl.config.load"],  # the config package's loader reads the registries above
     ["rayfl.engine"],

@@ -121,7 +121,7 @@ class Coordinator:
             self._notes.append(line)
 
     def progress(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Round rows finished and notices (the pool's: actors lost, rounds run again) since the last call."""
+        """Round rows finished and notices (the executor's: actors lost, rounds run again) since the last call."""
         with self._lock:
             rows, self._rows = self._rows, []
             notes, self._notes = self._notes, []

@@ -51,12 +51,12 @@ class RayExecutor:
     """Dispatches a round's groups of clients over client actors, first idle actor first.
 
     An actor whose call died (killed, its node lost, restarting) is given no work until it
-    answers a probe (`ClientActor.ready`) again, then rejoins the pool; the group it held goes to
+    answers a probe (`ClientActor.ready`) again, then takes work again; the group it held goes to
     another actor. A group counts a try only when an actor that had answered fails it; after
     `max_attempts` tries its clients are lost to the infrastructure. Where more than
     `max_failed_fraction` of a submission's clients are lost, the lost groups are run again
     (they give the same results: every draw is keyed by round and client) up to `max_attempts`
-    times, and said so through `report`; then `ActorsLost`. With no actor answering, the pool
+    times, and said so through `report`; then `ActorsLost`. With no actor answering, the executor
     waits for Ray to restart or replace them, reporting every 5 s, at most `timeout_s`
     (`ray.actor_timeout_s`); then `ActorsLost`."""
 
@@ -83,7 +83,7 @@ class RayExecutor:
         self.turn = 0  # where the next submission starts among the actors
 
     def alive(self) -> int:
-        """Client actors in the pool that answer (their last call did not die, or a probe since did)."""
+        """The run's client actors that answer (their last call did not die, or a probe since did)."""
         return sum(id(a) not in self.down for a in self.actors)
 
     def put_weights(self, tasks: Sequence[ClientTask]) -> dict[int, ray.ObjectRef]:

@@ -2,7 +2,7 @@
 process group of its own, with token authentication as `ray.init` gives a new local cluster),
 `rayfl down` stops that one only (by its process group: never `ray stop`, which stops every
 Ray cluster on the host). While it is up, `rayfl run` and `rayfl tune` without `--address`
-join it, so their actors stay warm in its pool (`actors.warm`) from one run to the next.
+join it, so their actors stay warm in its pool (`actors/keeper.py`) from one run to the next.
 
 Its address and process are recorded in `~/rayfl/head.json`.
 """

@@ -209,10 +209,8 @@ def create_client_actors(config: RunConfig, names: list[str], pooled: bool) -> l
     )
     if pooled:
         options.update(lifetime="detached", scheduling_strategy="DEFAULT")
-        return [
-            ClientActor.options(name=name, **options).remote(config.resources.torch_threads, ray_cfg.gpus_per_actor)
-            for name in names
-        ]
+    threads = config.resources.torch_threads
+    return [ClientActor.options(name=name, **options).remote(threads, ray_cfg.gpus_per_actor) for name in names]
 
 
 def coordinator_options(config: RunConfig, name: str, pooled: bool) -> dict[str, Any]:

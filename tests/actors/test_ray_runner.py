@@ -238,12 +238,13 @@ def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
 
 def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster):
     ray_cluster = idle_cluster
+    from actors import raystate
     from actors.driver.launch import wait_for_actors
 
     @ray_cluster.remote(num_cpus=1)
     class SlowStart:
         def __init__(self):
-            time.sleep(2.0)  # placed at once; its constructor takes 2 s
+            time.sleep(4.0)  # its constructor takes 4 s once Ray has given it a worker
 
         def info(self):
             return {}
@@ -251,6 +252,10 @@ def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster
     actors = [SlowStart.remote() for _ in range(2)]
     notes = []
     try:
+        deadline = time.monotonic() + 120  # however long a busy machine takes to start the workers
+        while not all(raystate.placed(a) for a in actors) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(raystate.placed(a) for a in actors)
         wait_for_actors(actors, timeout_s=30, report=notes.append, every_s=0.5)
     finally:
         for actor in actors:

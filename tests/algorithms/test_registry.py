@@ -95,3 +95,12 @@ def test_every_algorithms_config_pickles_by_reference():
         back = pickle.loads(pickle.dumps(cfg))
         assert back == cfg and type(back.algorithm) is registry.get(name).config_class, name
         assert back.algorithm.record is registry.get(name), name  # the config carries its algorithm
+
+
+def test_a_run_asks_the_registry_once(tmp_path, monkeypatch):
+    # parse_config resolves the algorithm; the config and then the federation carry its record
+    asked, lookup = [], registry.get
+    monkeypatch.setattr(registry, "get", lambda name: asked.append(name) or lookup(name))
+    config = load_config(None, ["algorithm.name=heterofl", "federation.rounds=1", "metrics.tensorboard=false"])
+    run_local(config, tmp_path)
+    assert asked == ["heterofl"] and config.algorithm.record is lookup("heterofl")
