@@ -182,7 +182,8 @@ class Keeper:
         """While a borrower's new actor waits for resources, idle actors hold none."""
         waiting = [e for held in self.leases.values() for e in held.entries if not e.placed]
         for e in waiting:
-            e.placed = not raystate.waiting(e.handle)
+            pending = raystate.waiting(e.handle)
+            e.placed = e.placed if pending is None else not pending  # unknown: asked again next time
         if any(not e.placed for e in waiting):
             self._send_away(list(self.idle))
 

@@ -1,8 +1,8 @@
 """Every read of Ray's private state (`ray._private.state`: the GCS's actor and job tables and the
 autoscaler's cluster config; `ray._raylet.GcsClient`, the client `ray.init` makes first), in one
 place, so a Ray upgrade touches one file. The public State API
-(`ray.util.state`) would need the dashboard, which a run may leave off. An entry Ray cannot say
-anything about reads as unknown (an empty mapping)."""
+(`ray.util.state`) would need the dashboard, which a run may leave off. A read that fails (the GCS
+busy or restarting) is unknown (None), never an answer: each caller says what unknown means."""
 
 from __future__ import annotations
 
@@ -12,40 +12,45 @@ PENDING = ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
 """An actor's states while it waits for resources (or its arguments) before Ray places it."""
 
 
-def actor(actor_id: str) -> Mapping[str, Any]:
-    """The GCS's record of an actor (hex id): `State`, `Pid`, `NumRestarts`, ...; {} when unknown."""
+def actor(actor_id: str) -> Mapping[str, Any] | None:
+    """The GCS's record of an actor (hex id): `State`, `Pid`, `NumRestarts`, ... ({} for an actor
+    the table does not hold); None when the read failed."""
     from ray._private import state
 
     try:
         return state.actors(actor_id) or {}
     except Exception:  # noqa: BLE001 - an internal table: any failure means "unknown"
-        return {}
+        return None
 
 
-def of(handle: Any) -> Mapping[str, Any]:
-    """The GCS's record of the actor behind `handle`."""
+def of(handle: Any) -> Mapping[str, Any] | None:
+    """The GCS's record of the actor behind `handle` (None: unknown)."""
     return actor(handle._actor_id.hex())
 
 
 def placed(handle: Any) -> bool:
-    """Whether Ray has given the actor a worker process (its constructor may still be running)."""
-    return int(of(handle).get("Pid", 0) or 0) > 0
+    """Whether Ray has given the actor a worker process (its constructor may still be running);
+    unknown: not (yet) known to be placed."""
+    return int((of(handle) or {}).get("Pid", 0) or 0) > 0
 
 
-def waiting(handle: Any) -> bool:
-    """Whether the actor still waits to be placed (for resources, or its arguments)."""
-    return of(handle).get("State") in PENDING
+def waiting(handle: Any) -> bool | None:
+    """Whether the actor still waits to be placed (for resources, or its arguments); None: unknown."""
+    info = of(handle)
+    return None if info is None else info.get("State") in PENDING
 
 
 def fresh(handle: Any) -> bool:
-    """Whether the actor is alive and was never restarted."""
-    info = of(handle)
+    """Whether the actor is known to be alive and never restarted (unknown: not fresh)."""
+    info = of(handle) or {}
     return info.get("State") == "ALIVE" and int(info.get("NumRestarts", 0)) == 0
 
 
 def running(actor_id: str) -> bool:
-    """Whether the actor (hex id) has not died for good."""
-    return actor(actor_id).get("State") not in ("DEAD", None)
+    """Whether the actor (hex id) has not died for good; unknown (a failed read) counts as running,
+    so a busy GCS never ends a live borrower's lease."""
+    info = actor(actor_id)
+    return info is None or info.get("State") not in ("DEAD", None)
 
 
 def live_jobs() -> set[str]:

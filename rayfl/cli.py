@@ -200,8 +200,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         record = head.up(args.num_cpus, args.num_gpus, args.dashboard)
         dashboard = f", dashboard {record['dashboard']}" if record["dashboard"] else ""
         print(
-            f"rayfl: a local Ray head is up at {record['address']}{dashboard}; rayfl run and tune join it until: "
-            "rayfl down"
+            f"rayfl: a local Ray head is up at {record['address']}{dashboard}; rayfl run and tune join it (warm "
+            "actors) until: rayfl down"
         )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")

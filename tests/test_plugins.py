@@ -82,3 +82,20 @@ def test_an_algorithm_from_another_package_is_listed_and_runs_on_ray_and_tune_by
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     table = pd.read_csv(tmp_path / "out" / "median" / "results.csv")
     assert len(table) == 2 and (table["status"] == "finished").all() and (table["rounds"] == 2).all()
+
+
+def test_a_broken_plugin_is_named_each_time_and_never_stops_a_builtin_algorithm(tmp_path, monkeypatch):
+    from rayfl.algorithms import registry
+    from rayfl.config import ConfigError
+
+    info = tmp_path / "broken-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[rayfl.algorithms]\nbroken = rayfl_broken_plugin\n")
+    (tmp_path / "rayfl_broken_plugin.py").write_text("raise ImportError('half written')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", [])
+    assert registry.get("fedavg").name == "fedavg"  # a built-in name never imports the plugins
+    for _ in range(2):  # named every time it is asked, not once and then skipped
+        with pytest.raises(ConfigError, match=r"entry point broken = rayfl_broken_plugin .*half written"):
+            registry.get("fedmedian")

@@ -114,5 +114,4 @@ def check_fits_here(config: RunConfig) -> None:
     import torch
 
     resources = config.resources
-    count = 1 if resources.asked is None else resources.asked
-    resources.check_fits(count, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()})
+    resources.check_fits(resources.fewest, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()})

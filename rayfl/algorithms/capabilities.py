@@ -45,7 +45,8 @@ class Eligible(Protocol):
 
 @runtime_checkable
 class ChecksConfig(Protocol):
-    def check_config(self, config: RunConfig) -> None:
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
         """Refuse, at config load, options this algorithm cannot honour (`ConfigError` naming the
         key); a classmethod, called on the policy's class before any federation is built."""
 
@@ -123,8 +124,11 @@ class ClientAccount:
 
     @classmethod
     def of(cls, policy: Any) -> ClientAccount:
-        cost = policy.client_cost if isinstance(policy, Costs) else partial(train_cost, policy.context)
-        return cls(cost, policy.summand if isinstance(policy, Sums) else None)
+        """The policy's account; a capability set to None (`summand = None` in a subclass of a
+        summing policy) is opted out of."""
+        cost = policy.client_cost if callable(getattr(policy, "client_cost", None)) else None
+        summand = policy.summand if callable(getattr(policy, "summand", None)) else None
+        return cls(cost or partial(train_cost, policy.context), summand)
 
     @property
     def sums(self) -> bool:

@@ -2,7 +2,7 @@
 
 Some algorithms need the server inside the local round (split learning: per iteration the
 workers' features go up, the server steps the top model, the gradients come down). The policy
-then opens a `RoundDriver` for the round (`ServerPolicy.open_driver`) and the client procedure
+then opens a `RoundDriver` for the round (`capabilities.DrivesRounds.open_driver`) and the client procedure
 opens a `ClientSession` per task (`ClientProcedure.open_session`). The executors know nothing
 of what is exchanged: they open one session per task (pinned to one host for the round), relay
 the driver's calls to the sessions in order through a `Relay`, and close the sessions, whose

@@ -8,7 +8,7 @@ state-dict entries of the last `global_layers` weight layers, Linear or Conv; by
 linear layer). Each round a client trains theta^l_k and theta^g jointly (FedAvg's client
 procedure); the server averages theta^g only, sample-weighted,
 theta^g <- sum_k n_k theta^g_k / sum_k n_k, and theta^l_k stays the client's. Only theta^g is
-sent down and up, so the default `client_cost` (the bytes of the task's and the result's
+sent down and up, so the default cost (`capabilities.train_cost`: the bytes of the task's and the result's
 weights) counts exactly those; theta^l_k is held by the server between rounds only so that any
 executor can train any client, starts from the initial body theta^l_0 when k is first selected,
 and travels in the task's `body` and the result's `keep` (never counted as sent).

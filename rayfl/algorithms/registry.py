@@ -58,7 +58,7 @@ class Algorithm:
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
-_PLUGINS_LOADED: list[str] = []
+_PLUGINS_LOADED: list[bool] = []
 
 
 def register(algorithm: Algorithm) -> Algorithm:
@@ -71,6 +71,11 @@ def register(algorithm: Algorithm) -> Algorithm:
         raise ValueError(f"algorithm {algorithm.name!r}: {cls.__name__}.name must default to {algorithm.name!r}")
     if cls.__dict__.get("record") is not None:
         raise ValueError(f"algorithm {algorithm.name!r}: {cls.__name__} serves {cls.record.name!r}; subclass it")
+    if hasattr(algorithm.policy, "sums"):
+        raise ValueError(
+            f"algorithm {algorithm.name!r}: {algorithm.policy.__name__}.sums is not read; a policy whose aggregate is "
+            "a sum defines `summand` (set `summand = None` to opt out of an inherited one)"
+        )
     if algorithm.vectorizable and not hasattr(algorithm.procedure, "run_vectorized"):
         raise ValueError(
             f"algorithm {algorithm.name!r}: vectorizable, but {algorithm.procedure.__name__} has no run_vectorized"
@@ -86,11 +91,10 @@ def plugins() -> list[metadata.EntryPoint]:
 
 
 def _load_plugins() -> None:
-    """Import every plugin module once (each registers its algorithms); `ConfigError` naming the
-    entry point whose module fails to import."""
+    """Import every plugin module (each registers its algorithms), once they all imported;
+    `ConfigError` naming the entry point whose module fails to import, every time it is asked."""
     if _PLUGINS_LOADED:
         return
-    _PLUGINS_LOADED.append(PLUGINS)
     for entry in plugins():
         try:
             entry.load()
@@ -98,6 +102,7 @@ def _load_plugins() -> None:
             raise ConfigError(
                 f"entry point {entry.name} = {entry.value} ({PLUGINS}): {type(exc).__name__}: {exc}"
             ) from None
+    _PLUGINS_LOADED.append(True)
 
 
 def algorithms() -> dict[str, Algorithm]:
@@ -107,8 +112,10 @@ def algorithms() -> dict[str, Algorithm]:
 
 
 def get(name: str) -> Algorithm:
-    """The algorithm `name`; `KeyError` saying which names exist (and the closest one)."""
-    _load_plugins()
+    """The algorithm `name` (plugins are imported only for a name that the modules imported so
+    far did not register); `KeyError` saying which names exist (and the closest one)."""
+    if name not in _ALGORITHMS:
+        _load_plugins()
     if name not in _ALGORITHMS:
         known = ", ".join(sorted(_ALGORITHMS))
         raise KeyError(f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {known})")

@@ -86,6 +86,11 @@ class Resources:
         return max(1, math.floor(1 / self.gpus + 1e-9)) if self.gpus > 0 else 1
 
     @property
+    def fewest(self) -> int:
+        """The fewest client actors a run can go with: `ray.num_actors`, or under `auto` one."""
+        return 1 if self.asked is None else self.asked
+
+    @property
     def call_size(self) -> int:
         """Clients per actor call: `ray.clients_per_call`; under `auto` 5 on CPUs, and with GPUs
         the round's clients per `planned` actor, so a GPU actor trains its share of a round in one

@@ -1,7 +1,6 @@
 """A federation: the static parts of a run, built once from its config and shipped to where it runs.
 
-Everything is resolved here once and carried: the algorithm (its record, which the parsed config
-carries),
+Everything is resolved here once and carried: the algorithm (its record, which the parsed config carries),
 the device population and its profile (with `devices.mix`), the model variants' measured costs
 and training memory (`FederationContext`), the policy, the procedure and the evaluator.
 """
@@ -74,10 +73,8 @@ def build_federation(config: RunConfig) -> Federation:
     """Load the data as logical clients, deal devices, build the policy: everything but the
     executor. Nothing here loops over the clients: a population of millions costs a few arrays."""
     algorithm = config.algorithm.record
-    if algorithm is None:
-        raise ConfigError(
-            "algorithm: a config built without rayfl.config.load.parse_config names no registered algorithm"
-        )
+    if algorithm is None or algorithm.name != config.algorithm.name:  # a config built by hand, or changed since
+        raise ConfigError("algorithm: a config not parsed by rayfl.config.load.parse_config names no algorithm")
     clients = load_clients(config.data, config.seed)
     population = Population.of(config.devices, config.data.num_clients, config.seed)
     models = ModelCache(clients.input_shape, clients.num_classes)

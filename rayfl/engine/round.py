@@ -253,6 +253,7 @@ def run_round(
     virtual_time_s: float,
     batteries: Batteries | None = None,
 ) -> RoundOutcome:
-    """One synchronous round, evaluated; `virtual_time_s` is the clock before it starts."""
+    """One synchronous round, evaluated (summed where its clients run, as `Synchronous` does);
+    `virtual_time_s` is the clock before it starts."""
     dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), fed.account.sums)
     return evaluate(fed, settle_round(fed, state, dispatched, virtual_time_s))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.algorithms import registry
+from rayfl.algorithms import aggregate, registry
 from rayfl.algorithms.base import CORE, HELPERS, ServerPolicy
 from rayfl.algorithms.capabilities import (
     ChecksConfig,
@@ -200,3 +200,37 @@ def test_config_checks_refuse_at_load_and_a_collapse_warns_before_the_run(tmp_pa
         log.removeHandler(seen)
     assert [m for m in messages if "picky" in m and "nothing to adapt to" in m]
     assert issubclass(Picky, ChecksConfig) and isinstance(Picky.__new__(Picky), Collapses)
+
+
+class NotSumming(FedAvgPolicy):
+    summand = None  # opts out of FedAvg's sum: every result arrives whole
+
+    def aggregate(self, state, round, results, total):
+        SHAPES.append((len(results), all(bool(r.weights) for r in results), not total))
+        return super().aggregate(
+            state, round, results, aggregate.add_up(aggregate.weighted_sum(r.weights, r.num_examples) for r in results)
+        )
+
+
+def test_an_inherited_capability_set_to_none_is_opted_out_of(tmp_path):
+    SHAPES.clear()
+    run_with(NotSumming, tmp_path, rounds=1)
+    assert SHAPES == [(4, True, True)]
+
+
+def test_the_old_sums_flag_is_refused_at_registration():
+    class Flagged(FedAvgPolicy):
+        sums = False
+
+    class FlaggedConfig(FedAvgConfig):
+        name: str = "flagged"
+
+    with pytest.raises(ValueError, match="Flagged.sums is not read"):
+        registry.register(registry.Algorithm("flagged", "", FlaggedConfig, Flagged, FedAvgClient))
+
+
+def test_a_config_changed_after_parsing_names_no_algorithm():
+    config = load_config(None, ["algorithm.name=fedprox"])
+    changed = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"name": "fedavg"})})
+    with pytest.raises(ConfigError, match="not parsed by rayfl.config.load.parse_config"):
+        build_federation(changed)
