@@ -76,7 +76,7 @@ LAYERS = [
     ["rayfl.checkpoint", "rayfl.config.load"],  # the config package's loader reads the registries above
     ["rayfl.engine"],
     ["rayfl.runner"],
-    ["rayfl.api", "rayfl.cli", "rayfl.__main__", "rayfl"],
+    ["rayfl.api", "rayfl.cli", "rayfl.arguments", "rayfl.console", "rayfl.__main__", "rayfl"],
 ]
 
 
