@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
+    parser.add_argument(
+        "--plots", type=Path, metavar="DIR", help="each scenario's seed-0 accuracy plots, DIR/<scenario>"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [
@@ -84,6 +87,11 @@ def main() -> None:
         ]
         with ProcessPoolExecutor(args.procs) as pool:
             rows = list(pool.map(one, jobs))
+        if args.plots:
+            from rayfl.compare import compare
+
+            for s in args.scenarios:
+                compare([f"{tmp}/{s}-0-{RUNS[label]}" for label in SCENARIOS[s][0]], args.plots / s)
     print(
         f"examples/fedepth, seeds 0..{args.seeds - 1} {' '.join(args.set)}; final = mean of the last 5 rounds, mean "
         "+- sd over seeds"

@@ -5,7 +5,10 @@ Runs the configs in `examples/heterofl/` in-process, two at a time, and prints a
 table: model-size ratio, mean parameters and FLOPs of the mix, the IID global accuracy, and the
 non-IID local (masked, per client) and global accuracy, each the mean of the last 5 rounds.
 
-    python bench/heterofl_table1.py [--rounds 30] [--seed 0]
+    python bench/heterofl_table1.py [--rounds 30] [--seed 0] [--plots docs/heterofl]
+
+With `--plots DIR`, `rayfl compare`'s accuracy plots of the IID and the non-IID runs (DIR/iid/,
+DIR/non-iid/).
 """
 
 from __future__ import annotations
@@ -47,12 +50,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="accuracy plots of the runs, DIR/iid and DIR/non-iid")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(2) as pool:
         jobs = [
             (s, split, args.rounds, args.seed, f"{tmp}/{s}-{split}") for s in SETTINGS for split in ("iid", "non-iid")
         ]
         rows = list(pool.map(one, jobs))
+        if args.plots:
+            from rayfl.compare import compare
+
+            for split in ("iid", "non-iid"):
+                compare([f"{tmp}/{s}-{split}" for s in SETTINGS], args.plots / split)
     by = {(r["setting"], r["split"]): r for r in rows}
     print(
         f"digits, 20 clients, 10 per round, {args.rounds} rounds, 5 local epochs; accuracy = mean of the last 5 rounds"

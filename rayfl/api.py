@@ -32,7 +32,7 @@ import yaml
 
 from . import checkpoint, storage
 from .config import ConfigError, RunConfig, shown, to_dict
-from .config.load import PATHS
+from .config.files import PATHS
 from .engine import Progress, new_run_dir, prepare
 
 log = logging.getLogger("rayfl")
@@ -146,6 +146,10 @@ def client(address: str) -> Any:
     return retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
 
 
+EXCLUDES = ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", "site/"]
+"""What a job's upload of this repository leaves out (its runs, fetched ones included)."""
+
+
 def submit(config: RunConfig, address: str, out: str | None = None, verbose: bool = False) -> str:
     """Submit one federation as a Ray job with this repository as its working dir; returns the
     job's submission id, which names the run (and is its RUN_DIR's name by default). Ray's INFO
@@ -167,7 +171,7 @@ def submit(config: RunConfig, address: str, out: str | None = None, verbose: boo
             submission_id=name,
             runtime_env={
                 "working_dir": str(REPO_ROOT),
-                "excludes": ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", "site/"],
+                "excludes": EXCLUDES,
                 "env_vars": {"RAYFL_CONFIG": yaml.safe_dump(portable(config), sort_keys=False)},
             },
             metadata={
@@ -253,13 +257,14 @@ def run_dir_of(address: str, job: str) -> str:
 
 
 def fetch(address: str, job: str, to: str | Path | None = None, client_port: int = 10001) -> Path:
-    """Copy a job's RUN_DIR to `to` (default: ./<its name>); returns the local folder."""
+    """Copy a job's RUN_DIR to `to` (default: ./runs/<its name>, where git and a job's upload never
+    look); returns the local folder."""
     try:
         info = client(address).get_job_info(job)
     except RuntimeError as exc:
         raise ConfigError(f"{job}: {str(exc).splitlines()[0]}") from None
     location = run_dir_of(address, job)
-    target = Path(to) if to else Path.cwd() / location.rstrip("/").rsplit("/", 1)[-1]
+    target = Path(to) if to else Path.cwd() / "runs" / location.rstrip("/").rsplit("/", 1)[-1]
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"--to {target}: exists and is not empty")
     if (
@@ -303,3 +308,28 @@ def validate_address(address: str) -> str:
     if not address.startswith(("http://", "https://")):
         raise ConfigError(f"--address: {address!r} is not a dashboard URL (http://HOST:8265)")
     return address
+
+
+def pool_command_on(address: str, action: str, timeout_s: float = 300.0) -> str:
+    """`rayfl pool ACTION` on the cluster whose dashboard is `address` (which names no GCS to join),
+    run there as a Ray job; its `rayfl pool` lines."""
+    from ray.job_submission import JobStatus
+
+    jobs = client(address)
+    job = retried(
+        lambda: jobs.submit_job(
+            entrypoint=f"python -m rayfl pool {shlex.quote(action)}",
+            runtime_env={"working_dir": str(REPO_ROOT), "excludes": EXCLUDES},
+            metadata={"rayfl": f"pool {action}"},
+        ),
+        "submitting the job",
+    )
+    deadline = time.monotonic() + timeout_s
+    while (status := jobs.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rayfl pool {action}: job {job} did not end within {timeout_s:g} s")
+        time.sleep(0.5)
+    logs = jobs.get_job_logs(job).splitlines()
+    if status != JobStatus.SUCCEEDED:
+        raise RuntimeError(f"rayfl pool {action}: job {job} {status.value.lower()}: {(logs or [''])[-1]}")
+    return "\n".join(line for line in logs if not line.startswith(("20", "(")))  # Ray's own lines left out

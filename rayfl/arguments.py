@@ -32,7 +32,7 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
         "--wait", action="store_true", help="follow the job (a bar of rounds) and return its exit status"
     )
     submit.add_argument("--fetch", action="store_true", help="with --wait: then copy the RUN_DIR here (as rayfl fetch)")
-    submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./<job id>)")
+    submit.add_argument("--to", metavar="DIR", help="with --fetch: where to (default ./runs/<job id>)")
     submit.add_argument(
         "--verbose", action="store_true", help="Ray's log lines; with --wait, every log line of the job"
     )
@@ -40,7 +40,7 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
     fetch.add_argument("job", metavar="JOB_ID")
     fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
-    fetch.add_argument("--to", metavar="DIR", help="where to (default ./<RUN_DIR name>)")
+    fetch.add_argument("--to", metavar="DIR", help="where to (default ./runs/<RUN_DIR name>)")
     fetch.add_argument(
         "--client-port",
         type=int,
@@ -54,11 +54,16 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="start a local Ray head kept between runs (their actors stay warm)")
     up.add_argument("--num-cpus", type=int, help="CPUs it offers (default: this machine's)")
     up.add_argument("--num-gpus", type=int, help="GPUs it offers (default: those Ray finds)")
-    up.add_argument("--dashboard", action="store_true", help="with the dashboard on 127.0.0.1")
+    up.add_argument("--dashboard", action="store_true", help="with the dashboard on 127.0.0.1 (a free port)")
+    up.add_argument("--dashboard-port", type=int, metavar="PORT", help="with the dashboard on 127.0.0.1:PORT")
     sub.add_parser("down", help="stop the local head rayfl up started")
     pool = sub.add_parser("pool", help="the cluster's warm actors: status, or drain the idle ones")
     pool.add_argument("action", choices=["status", "drain"])
-    pool.add_argument("--address", help="the cluster (default: $RAY_ADDRESS, else the head rayfl up keeps)")
+    pool.add_argument(
+        "--address",
+        help="the cluster: its GCS (HOST:PORT) or its dashboard (http://HOST:8265); default: $RAY_ADDRESS, else the "
+        "head rayfl up keeps",
+    )
 
 
 def add_traces(sub: argparse._SubParsersAction) -> None:
@@ -102,6 +107,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest checkpoint (--set may extend rounds)"
     )
+    run.add_argument("--overwrite", action="store_true", help="with --out: replace the run that folder holds")
     run.add_argument(
         "--address",
         help="join this Ray cluster (default: $RAY_ADDRESS, else the head rayfl up keeps, else start a local one)",

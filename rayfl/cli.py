@@ -20,19 +20,30 @@ from .config import ConfigError, shown
 
 
 def _config(args: argparse.Namespace, resume_dir: Path | None = None):
-    """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here)."""
-    from .config.files import parse_yaml
-    from .config.load import load_config, parse_config, with_overrides
+    """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here). A
+    misspelt key of the generic sections is reported before the registries (and torch) load."""
+    from .config.files import check_known_keys, parse_yaml, read_config, with_overrides
 
     if getattr(args, "resume", None):
         if args.config:
             raise ConfigError(f"--resume {args.resume}: takes the run's own config.yaml; drop {args.config}")
-        return load_config(Path(resume_dir or args.resume) / "config.yaml", args.set)
-    if getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.api.submit)
-        return parse_config(
-            with_overrides(parse_yaml(os.environ.get(args.config_env, ""), f"${args.config_env}") or {}, args.set)
-        )
-    return load_config(args.config, args.set)
+        saved = read_config(Path(resume_dir or args.resume) / "config.yaml")
+    elif getattr(args, "config_env", None) is not None:  # a submitted job's config (rayfl.api.submit)
+        saved = parse_yaml(os.environ.get(args.config_env, ""), f"${args.config_env}") or {}
+    else:
+        saved = read_config(args.config) if args.config else {}
+    raw = with_overrides(saved, args.set)
+    check_known_keys(raw)
+    from .config.load import parse_config
+
+    if getattr(args, "resume", None):
+        own, asked = ((c.get("algorithm") or {}).get("name", "fedavg") for c in (saved, raw))
+        if asked != own:
+            raise ConfigError(
+                f"algorithm.name: a run continues with its own algorithm ({own}); --resume cannot change it to "
+                f"{shown(str(asked), 80)}: start a new run"
+            )
+    return parse_config(raw)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -40,6 +51,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     location = args.resume or args.out
     storage.check_location(location)
+    if args.out and not args.resume and not args.overwrite and storage.holds_run(args.out):
+        raise ConfigError(
+            f"--out {shown(args.out)}: holds a run; continue it with --resume {shown(args.out)}, or replace it with "
+            "--overwrite"
+        )
     job = storage.job_submission_id()
     resume = bool(args.resume)
     with storage.located(location, resume) as staged:
@@ -50,11 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = staged or (
             storage.HOME / "runs" / job if job else new_run_dir(config)
         )  # a job's run outlives its temporary working dir
-        shown = (
+        where = (
             location if storage.is_uri(location) else run_dir.resolve() if job else run_dir
         )  # a job's is absolute: it is read from elsewhere
         if job:
-            print(f"rayfl: RUN_DIR {shown}", file=sys.stderr, flush=True)
+            print(f"rayfl: RUN_DIR {where}", file=sys.stderr, flush=True)
         from .console import ProgressBar, RayNotices
 
         bar = ProgressBar(config.federation.rounds, lines=args.progress == "lines")
@@ -74,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             bar.close()
     acc = summary["final_test_accuracy"]
-    print(f"{shown}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
+    print(f"{where}: final test accuracy {acc:.4f}, virtual time {summary['virtual_time_s']:.1f} s")
     return 0
 
 
@@ -197,15 +213,21 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from actors.driver import head
 
     if args.command == "up":
-        record = head.up(args.num_cpus, args.num_gpus, args.dashboard)
-        dashboard = f", dashboard {record['dashboard']}" if record["dashboard"] else ""
-        print(
-            f"rayfl: a local Ray head is up at {record['address']}{dashboard}; rayfl run and tune join it (warm "
-            "actors) until: rayfl down"
-        )
+        record = head.up(args.num_cpus, args.num_gpus, args.dashboard or args.dashboard_port, args.dashboard_port)
+        joined = "rayfl run and tune join it (warm actors) until: rayfl down"
+        print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
+        if record["dashboard"]:
+            print(f"dashboard: {record['dashboard']} (rayfl submit, fetch and pool take it as --address)")
+            print("the browser asks for a token: paste the output of: ray get-auth-token")
+        print("for Ray's own CLI (ray job submit, ray status) in your shell: export RAY_AUTH_MODE=token")
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")
     else:
+        if args.address and args.address.startswith(("http://", "https://")):  # a dashboard, as submit takes
+            from . import api
+
+            print(api.pool_command_on(args.address, args.action))
+            return 0
         if not head.joining(args.address):
             raise ConfigError(
                 "rayfl pool: no running cluster: give --address HOST:PORT, set RAY_ADDRESS, or start one with rayfl up"

@@ -103,6 +103,17 @@ def located(location: str | None, resume: bool) -> Iterator[Path | None]:
             copy_tree(str(staging), str(location))
 
 
+RUN_FILES = ("config.yaml", "metrics.parquet", "checkpoints")
+"""What marks a folder as a RUN_DIR."""
+
+
+def holds_run(location: str) -> bool:
+    """Whether the folder or URI `location` holds a run (its config, rows or checkpoints)."""
+    if is_uri(location):
+        return any(uri_exists(f"{str(location).rstrip('/')}/{name}") for name in RUN_FILES)
+    return any((Path(location).expanduser() / name).exists() for name in RUN_FILES)
+
+
 def check_location(location: str | None) -> None:
     """`ConfigError` naming `--out` for a URI no `pyarrow.fs` filesystem reads (found before a run starts)."""
     if not is_uri(location):

@@ -73,6 +73,26 @@ def test_resume_extends_a_run_in_place(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 3
     both = rayfl("run", "cfg.yaml", "--resume", str(run_dir), cwd=tmp_path)
     assert both.returncode == 2 and "takes the run's own config.yaml" in both.stderr
+    other = rayfl("run", "--local", "--resume", str(run_dir), "--set", "algorithm.name=heterofl")
+    assert other.returncode == 2 and other.stderr.splitlines() == [
+        "rayfl: error: algorithm.name: a run continues with its own algorithm (fedavg); --resume cannot change it to "
+        "heterofl: start a new run"
+    ]
+
+
+def test_a_folder_that_holds_a_run_is_never_replaced_without_asking(tmp_path):
+    run_dir = tmp_path / "run"
+    small = ["--local", "--set", "federation.rounds=1", "--set", "model.name=mlp", "--out", str(run_dir)]
+    assert rayfl("run", *small).returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    again = rayfl("run", *small, "--set", "seed=1")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        f"rayfl: error: --out {run_dir}: holds a run; continue it with --resume {run_dir}, or replace it with "
+        "--overwrite"
+    ]
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before  # nothing written
+    assert rayfl("run", *small, "--set", "seed=1", "--overwrite").returncode == 0
+    assert "seed: 1" in (run_dir / "config.yaml").read_text()
 
 
 # Every bad input of docs/cli.md's list: exit 2, one line naming the key or file, nothing written,
@@ -214,3 +234,20 @@ def test_submission_retries_transient_errors_for_a_bounded_time():
     assert len(calls) == 1  # not transient: no retry
     with pytest.raises(RuntimeError, match="No available agent"):
         retried(lambda: (_ for _ in ()).throw(RuntimeError("No available agent")), "submitting", budget_s=1.0)
+
+
+def test_a_misspelt_key_is_reported_before_torch_or_ray_load():
+    # whole process: the error in under 1.5 s of CPU (the wall time a busy machine adds is not the
+    # CLI's), and neither torch nor Ray imported by then
+    import resource
+
+    code = (
+        "import sys; from rayfl.cli import main; rc = main(['run', '--set', 'federation.rouns=3']); "
+        "print(rc, 'torch' in sys.modules, 'ray' in sys.modules)"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    assert done.stderr.strip() == "rayfl: error: federation.rouns: unknown key (did you mean 'rounds'?)"
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 1.5

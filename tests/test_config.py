@@ -4,7 +4,8 @@ import pytest
 import yaml
 
 from rayfl.config import ConfigError, DirichletPartition, ShardsPartition
-from rayfl.config.load import apply_overrides, load_config, parse_config
+from rayfl.config.files import apply_overrides
+from rayfl.config.load import load_config, parse_config
 from rayfl.storage import dump_config
 
 

@@ -59,3 +59,26 @@ def test_every_name_and_file_the_design_page_mentions_exists():
     files = sorted(set(re.findall(r"`((?:rayfl|actors|tune|tests|docs)/[\w/.]*)`", text)))
     assert len(files) > 5
     assert missing == [] and [f for f in files if not (ROOT / f).exists()] == []
+
+
+LIST_ITEM = re.compile(r"^\s*([-*+]|\d+\.)\s+\S")
+
+
+def run_on_lists(text: str) -> list[int]:
+    """Lines where a list starts right under a paragraph line: Python-Markdown (MkDocs) then renders
+    the list as part of the paragraph, one run-on line of text."""
+    lines, fenced, out = text.splitlines(), False, []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and i and LIST_ITEM.match(line):
+            prev = lines[i - 1]
+            if prev.strip() and not LIST_ITEM.match(prev) and not prev.startswith((" ", "\t", "#", "|", ">")):
+                out.append(i + 1)
+    return out
+
+
+def test_no_list_runs_on_from_the_paragraph_above_it():
+    assert run_on_lists("Some text:\n- a list\n") == [2] and run_on_lists("Some text:\n\n- a list\n  - nested\n") == []
+    bad = {p.name: run_on_lists(p.read_text()) for p in (ROOT / "docs").glob("*.md")}
+    assert {name: lines for name, lines in bad.items() if lines} == {}

@@ -32,8 +32,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
-from rayfl.config.files import format_error, read_yaml
-from rayfl.config.load import absolute_paths, parse_config, read_config, set_values, with_overrides
+from rayfl.config.files import absolute_paths, format_error, read_config, read_yaml, set_values, with_overrides
+from rayfl.config.load import parse_config
 from rayfl.devices import configured_profile
 
 log = logging.getLogger("rayfl")

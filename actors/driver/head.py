@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,26 +57,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def up(num_cpus: int | None, num_gpus: int | None, dashboard: bool, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Start the kept head (or return the one up); its record."""
+SERVICES = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+    "ray-client-server-port",
+)
+"""The head's services besides its GCS and dashboard, each on a free port, so a second Ray head on the
+host (another user's, a test's) never takes its agents' or blocks them."""
+
+
+def ray_cli() -> str:
+    """The `ray` command beside the interpreter that runs rayfl (a virtual environment's, used without
+    activating it), else the one on PATH."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.is_file() else "ray"
+
+
+def up(
+    num_cpus: int | None,
+    num_gpus: int | None,
+    dashboard: bool,
+    dashboard_port: int | None = None,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """Start the kept head (or return the one up); its record. Every port is a free one but the
+    dashboard's when `dashboard_port` names it."""
     record = kept()
     if record is not None:
         return record
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
-        subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
-    port, dash = free_port(), free_port()
-    cmd = [
-        "ray",
-        "start",
-        "--head",
-        "--block",
-        "--port",
-        str(port),
-        "--disable-usage-stats",
-        f"--include-dashboard={str(dashboard).lower()}",
-    ]
+        subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    port, dash = free_port(), dashboard_port or free_port()
+    cmd = [ray_cli(), "start", "--head", "--block", f"--port={port}", "--disable-usage-stats"]
+    cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
     cmd += ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
     cmd += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
@@ -105,7 +123,7 @@ def up(num_cpus: int | None, num_gpus: int | None, dashboard: bool, timeout_s: f
     return record
 
 
-def down(timeout_s: float = 60.0) -> dict[str, Any] | None:
+def down(timeout_s: float = 3.0) -> dict[str, Any] | None:
     """Stop the kept head (its whole process group); its record, None when none was up."""
     record = kept()
     RECORD.unlink(missing_ok=True)
@@ -114,9 +132,9 @@ def down(timeout_s: float = 60.0) -> dict[str, Any] | None:
     return record
 
 
-def stop(pid: int, timeout_s: float = 60.0) -> None:
+def stop(pid: int, timeout_s: float = 3.0) -> None:
     """SIGTERM to the process group `ray start --block` leads (it stops the head's processes),
-    SIGKILL to what is left after `timeout_s`."""
+    SIGKILL to what is left after `timeout_s` (Ray's own shutdown waits out a 30 s drain)."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:

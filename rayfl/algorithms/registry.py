@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from .. import catalog
 from ..catalog import PLUGINS
@@ -41,6 +41,10 @@ class Algorithm:
     default_profile: str | None = None
     """The built-in device profile this algorithm takes when the config names none (nor a trace):
     one whose budgets exercise its heterogeneity (FeDepth's memory scenario), as `default_models`."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Config values (`section.key`) the algorithm takes where the config leaves them unset: its
+    paper's recipe where the engine's defaults do not fit it (HeteroFL's static batch norm); a
+    `model.` key applies to the model families that have it."""
     vectorizable: bool = False
     """Opt-in: the procedure trains `ray.vectorize` clients of one variant in one batched call
     (`run_vectorized`, `vectorize.train_vectorized` over the procedure's own loss)."""

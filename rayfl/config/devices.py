@@ -85,7 +85,8 @@ class DevicesConfig(Strict):
     )
     trace: str | None = Field(
         None,
-        description="a device trace folder (devices.parquet, intervals.parquet; docs/devices.md): replaces the profile",
+        description="a device trace folder (devices.parquet, intervals.parquet; docs/devices.md): replaces the "
+        "profile, and its intervals are when each device is online unless devices.availability says otherwise",
     )
     availability: Availability = Field(
         BernoulliAvailability(), description="when a device is online: bernoulli | diurnal | trace"

@@ -1,7 +1,10 @@
-"""Config files: YAML read safely, and validation errors reported as one line naming the key.
+"""Config files: YAML read safely, validation errors reported as one line naming the key, and a run's
+raw config built from a file and `--set` overrides (paths made absolute, tags defaulted).
 
 `read_yaml` reads configs, device profiles and Tune files; `Loader` also parses `--set`
-values; `format_error` turns pydantic's errors into `ConfigError`'s one line (`rayfl/config/base.py`).
+values; `format_error` turns pydantic's errors into `ConfigError`'s one line (`rayfl/config/base.py`);
+`check_known_keys` finds a misspelt key before the registries (and torch) load. Nothing here reads
+a registry: `rayfl.config.load` validates the model and algorithm sections.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..catalog import closest
-from .base import MAX_DEPTH, MAX_YAML_BYTES, ConfigError
+from .base import MAX_DEPTH, MAX_YAML_BYTES, ConfigError, shown
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
@@ -167,3 +170,128 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
+
+
+# ----------------------------------------------------------------------------- a run's raw config
+
+
+def with_default_tags(raw: Mapping[str, Any], schema: type[BaseModel], default: BaseModel) -> dict[str, Any]:
+    """`raw` with the tag of each tagged section it leaves out taken from the default, so one key
+    of a section sets alone on top of the defaults (`data.partition.alpha=0.1` keeps `kind:
+    dirichlet`); a section naming its own kind is left as it is."""
+    out = dict(raw)
+    for name, field in schema.model_fields.items():
+        value, base = out.get(name), getattr(default, name, None)
+        if not isinstance(value, Mapping) or not isinstance(base, BaseModel):
+            continue
+        if field.discriminator:
+            out[name] = {field.discriminator: getattr(base, field.discriminator), **value}
+        elif name not in ("model", "algorithm"):  # those two are validated by their registered class
+            out[name] = with_default_tags(value, type(base), base)
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=c` -> (["a", "b"], yaml_value(c))."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected KEY=VALUE")
+    key, value = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {text}: empty key")
+    return parts, parse_yaml(value, f"--set {shown(key.strip(), 80)}")
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `KEY=VALUE` overrides to a raw mapping (new dicts; the input is untouched)."""
+    out: Mapping[str, Any] = raw
+    for text in overrides:
+        parts, value = parse_override(text)
+        out = set_values(out, {".".join(parts): value}, "--set ")
+    return _copy(out)
+
+
+def set_values(raw: Mapping[str, Any], values: Mapping[str, Any], label: str = "") -> dict[str, Any]:
+    """Set dotted keys (`federation.lr`) to values in a copy of a raw mapping; errors start with
+    `label` and name the key."""
+    out: dict[str, Any] = _copy(raw)
+    for key, value in values.items():
+        parts = key.split(".")
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{label}{key}: {'.'.join(parts[: depth + 1])} is not a mapping")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _copy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+
+
+PATHS = {
+    ("data", "data_dir"): True,
+    ("model", "init_weights"): True,
+    ("devices", "trace"): True,
+    ("devices", "profile"): False,
+    ("data", "path"): False,
+}
+"""The config keys that name files or folders: key -> always a path (True), or a path only where
+one exists, else a name (a built-in device profile, a Hugging Face hub id)."""
+
+
+def absolute_paths(raw: Mapping[str, Any], folder: str | Path) -> dict[str, Any]:
+    """`raw` with each relative path of `PATHS` made absolute against `folder` (a config file's
+    own folder, or the working directory for `--set` values), so a config means the same from
+    any working directory and a run's `config.yaml` stores absolute paths."""
+    out = _copy(raw)
+    for (section, key), always in PATHS.items():
+        node = out.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+            continue
+        candidate = (Path(folder) / value).resolve()
+        if always or candidate.exists():
+            node[key] = str(candidate)
+    return out
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A config file's mapping, its relative paths read against the file's folder."""
+    return absolute_paths(read_yaml(path), Path(path).expanduser().resolve().parent)
+
+
+def with_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set` overrides applied, relative paths (given with `--set`) read against the working directory."""
+    return absolute_paths(apply_overrides(raw, overrides), Path.cwd())
+
+
+EARLY = ("model", "algorithm")
+"""Sections whose keys only their family's or algorithm's class knows (`rayfl.config.load`)."""
+
+
+def check_known_keys(raw: Mapping[str, Any]) -> None:
+    """`ConfigError` naming the first unknown key of a raw config outside the model and algorithm
+    sections and the data partition (whose kind a data source may choose): the keys a typo most
+    often hits, found before the registries, and torch with them, load. The whole config is
+    validated after (`rayfl.config.load.parse_config`), so no other error is reported here."""
+    from .run import RunConfig
+
+    rest = with_default_tags({k: v for k, v in raw.items() if k not in EARLY}, RunConfig, RunConfig())
+    try:
+        RunConfig.model_validate(rest)
+    except ValidationError as exc:
+        unknown = [
+            e
+            for e in exc.errors()
+            if e["type"] == "extra_forbidden" and tuple(map(str, e["loc"][:2])) != ("data", "partition")
+        ]
+        if unknown:
+            loc = _clean_loc(unknown[0]["loc"], rest)
+            raise ConfigError(
+                f"{'.'.join(loc)}: unknown key{closest(loc[-1], known_keys(RunConfig, loc[:-1]))}"
+            ) from None

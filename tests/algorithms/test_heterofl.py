@@ -305,3 +305,14 @@ def test_classifier_rows_by_label_split_is_its_own_switch(rows, expected):
     out = aggregated(policy, state, 1, results)
     # on: class 0 both (3), class 1 only b (5), class 2 only a (1), class 3 nobody (9); off: every row held by both
     assert out.weights["1.bias"].tolist() == expected and out.weights["1.weight"][:, 1].tolist() == expected
+
+
+def test_heterofl_takes_static_batch_norm_unless_the_config_names_a_norm():
+    # the paper's Sec. 3.2, an algorithm default (`RECIPE`): with tracked running statistics the
+    # global model of the default run stays at chance
+    for name in ("heterofl", "alllarge", "allsmall", "exclusivefl"):
+        assert parse_config({"algorithm": {"name": name}}).model.norm == "sbn", name
+    assert parse_config({"algorithm": {"name": "heterofl"}, "model": {"norm": "bn"}}).model.norm == "bn"
+    assert parse_config({"algorithm": {"name": "heterofl"}, "model": {"name": "mlp"}}).model.norm == "sbn"
+    assert parse_config({"algorithm": {"name": "fedavg"}}).model.norm == "bn"  # other algorithms keep the family's
+    assert parse_config({"algorithm": {"name": "heterofl"}, "model": {"name": "transformer"}}).model.norm == "ln"

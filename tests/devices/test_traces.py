@@ -184,3 +184,14 @@ def test_a_trace_runs_with_its_devices_and_intervals(tmp_path):
     dev = clients["device"].str.removeprefix("trace:").astype(int)
     assert np.allclose(clients["device_flops"], by_id.loc[dev, "flops_per_s"].to_numpy())
     assert np.allclose(clients["upload_mbps"], by_id.loc[dev, "up_bps"].to_numpy() / 1e6)
+
+
+def test_a_trace_brings_its_own_availability_unless_the_config_names_one(tmp_path):
+    from rayfl.config.load import load_config
+
+    write_trace(*generate_trace(20, seed=0, days=1), tmp_path / "t")
+    assert load_config(None, [f"devices.trace={tmp_path / 't'}"]).devices.availability.kind == "trace"
+    named = load_config(None, [f"devices.trace={tmp_path / 't'}", "devices.availability.kind=bernoulli"])
+    assert named.devices.availability.kind == "bernoulli"
+    (tmp_path / "t" / "intervals.parquet").unlink()  # a trace of devices only: always online, as before
+    assert load_config(None, [f"devices.trace={tmp_path / 't'}"]).devices.availability.kind == "bernoulli"

@@ -36,6 +36,11 @@ from .config import AllLargeConfig, AllSmallConfig, ExclusiveFLConfig, HeteroFLC
 from .levels import RATES, Level, assign_capability, assign_fix, budget_levels, matched_levels, parse_levels
 from .policy import HeteroFLPolicy, HeteroFLTask, masked_logits, static_bn
 
+RECIPE = {"model.norm": "sbn"}
+"""Sec. 3.2's static batch norm, the default of every model family with a norm: running statistics
+tracked in training would mix sub-models of different widths (with them the global model stays at
+chance on the default data, 0.10 after 20 rounds, against 0.95 with static BN)."""
+
 HETEROFL = register(
     Algorithm(
         "heterofl",
@@ -43,6 +48,7 @@ HETEROFL = register(
         HeteroFLConfig,
         HeteroFLPolicy,
         HeteroFLClient,
+        defaults=RECIPE,
         vectorizable=True,
         sync_only=None,
     )
@@ -67,6 +73,7 @@ for _name, _summary, _config, _profile in (
             HeteroFLPolicy,
             HeteroFLClient,
             default_profile=_profile,
+            defaults=RECIPE,
             vectorizable=True,
             sync_only=None,
         )
@@ -74,6 +81,7 @@ for _name, _summary, _config, _profile in (
 
 __all__ = [
     "HETEROFL",
+    "RECIPE",
     "RATES",
     "AllLargeConfig",
     "AllSmallConfig",
