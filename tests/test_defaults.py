@@ -8,23 +8,49 @@ here too: with a one-point search space (every client trains the same, largest s
 FedAvg on that model.
 """
 
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from rayfl.algorithms import registry
 from rayfl.checkpoint import latest
 from rayfl.config.load import load_config
+from rayfl.engine import build_federation
 from rayfl.runner import run_local
 
 STALLS = {"efedsup"}
 """Algorithms documented not to reach 0.5 in 20 rounds of their defaults (docs/fedsup.md)."""
-QUICK = ["federation.rounds=20", "metrics.tensorboard=false", "federation.checkpoint_every=0"]
+QUICK = [
+    "federation.rounds=20",
+    "federation.eval_every=20",
+    "metrics.tensorboard=false",
+    "federation.checkpoint_every=0",
+]
+"""20 rounds, evaluated at the last (evaluation changes no training)."""
+FULL_COHORT = {"fedsup"}
+"""Algorithms that take their 10 clients a round: the others take 5, which their test budget needs
+(FedSup, 3 sub-nets per step, is still near chance after 20 rounds of 5: 0.24)."""
 
 
-@pytest.mark.parametrize("name", sorted(set(registry.builtin()) - STALLS))
-def test_every_algorithm_learns_with_its_defaults(tmp_path, name):
-    summary = run_local(load_config(None, [f"algorithm.name={name}", *QUICK]), tmp_path)
-    assert summary["rounds"] == 20 and summary["final_test_accuracy"] >= 0.5, summary
+def learn(name: str, out: str) -> tuple[float, bool]:
+    """`rayfl run --local --set algorithm.name=NAME`, 20 rounds: the final accuracy, and whether
+    every selected client's outcome was `ok`."""
+    import pandas as pd
+
+    sets = [] if name in FULL_COHORT else ["federation.clients_per_round=5"]
+    summary = run_local(load_config(None, [f"algorithm.name={name}", *QUICK, *sets]), out)
+    clients = pd.read_parquet(Path(out) / "clients.parquet")
+    return summary["final_test_accuracy"], bool(len(clients)) and bool((clients["status"] == "ok").all())
+
+
+def test_every_algorithm_runs_as_named_and_learns_with_its_defaults(tmp_path):
+    names = sorted(set(registry.builtin()) - STALLS)
+    assert len(names) == 26
+    with ProcessPoolExecutor(2) as pool:  # one torch thread each (run_local): both cores
+        outcomes = dict(zip(names, pool.map(learn, names, [str(tmp_path / n) for n in names])))
+    assert {n: o for n, o in outcomes.items() if not (o[0] >= 0.5 and o[1])} == {}
 
 
 def test_efedsup_with_one_sub_net_in_its_space_is_fedavg_on_it(tmp_path):
@@ -38,8 +64,11 @@ def test_efedsup_with_one_sub_net_in_its_space_is_fedavg_on_it(tmp_path):
     sets = ["model.name=supernet_small", *space, "federation.rounds=3", "metrics.tensorboard=false"]
     ran = {}
     for name in ("efedsup", "fedavg"):
-        summary = run_local(load_config(None, [f"algorithm.name={name}", *sets]), tmp_path / name)
+        config = load_config(None, [f"algorithm.name={name}", *sets])
+        summary = run_local(config, tmp_path / name)
         ran[name] = summary["final_test_accuracy"], latest(tmp_path / name).state.weights
+    initial = build_federation(config).initial_weights()
     (acc_e, w_e), (acc_f, w_f) = ran["efedsup"], ran["fedavg"]
-    assert acc_e == pytest.approx(acc_f, abs=0.01) and acc_f > 0.2
+    assert acc_e == pytest.approx(acc_f, abs=0.01)
     assert set(w_e) == set(w_f) and all(np.allclose(w_e[k], w_f[k], rtol=1e-4, atol=1e-6) for k in w_f)
+    assert not all(np.allclose(w_f[k], initial[k]) for k in w_f)  # and three rounds did train it
