@@ -213,7 +213,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from actors.driver import head
 
     if args.command == "up":
-        record = head.up(args.num_cpus, args.num_gpus, args.dashboard or args.dashboard_port, args.dashboard_port)
+        record = head.up(args.num_cpus, args.num_gpus, bool(args.dashboard or args.dashboard_port), args.dashboard_port)
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
         if record["dashboard"]:

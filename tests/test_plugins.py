@@ -51,35 +51,43 @@ def plugin_path(tmp_path):
     return root
 
 
-def rayfl(plugin_path, *args, cwd):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")])}
-    env.pop("RAY_ADDRESS", None)
+def rayfl(env, *args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "rayfl", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
     )
 
 
 def test_an_algorithm_from_another_package_is_listed_and_runs_on_ray_and_tune_by_name(plugin_path, tmp_path):
-    listed = rayfl(plugin_path, "list", cwd=tmp_path)
+    # a kept head of this test's own (its HOME), whose workers have the plugin on their path as
+    # an installed package would be: the run and the Tune sweep both join it
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": os.pathsep.join([str(plugin_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("RAY_ADDRESS", None)
+    listed = rayfl(env, "list", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert "fedmedian" in listed.stdout and "the coordinate-wise median" in listed.stdout
-
-    small = ["--set", "data.num_clients=10", "--set", "federation.clients_per_round=5", "--set", "ray.dashboard=false"]
-    run = rayfl(plugin_path, "run", "--set", "algorithm.name=fedmedian", "--set", "federation.rounds=3", *small,
-                "--out", str(tmp_path / "run"), cwd=tmp_path)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert rayfl(env, "up", "--num-cpus", "2", cwd=tmp_path).returncode == 0
+    try:
+        small = ["--set", "data.num_clients=10", "--set", "federation.clients_per_round=5"]
+        run = rayfl(env, "run", "--set", "algorithm.name=fedmedian", "--set", "federation.rounds=3", *small,
+                    "--out", str(tmp_path / "run"), cwd=tmp_path)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        (tmp_path / "median.yaml").write_text(
+            "base: {algorithm: {name: fedmedian}, data: {num_clients: 10},\n"
+            "       federation: {clients_per_round: 5, rounds: 2}}\n"
+            "search: {federation.lr: {grid: [0.02, 0.05]}}\nmetric: test_accuracy\nname: median\nstorage: out\n"
+        )
+        tuned = rayfl(env, "tune", str(tmp_path / "median.yaml"), cwd=tmp_path)
+        assert tuned.returncode == 0, tuned.stderr[-2000:]
+    finally:
+        rayfl(env, "down", cwd=tmp_path)
     rows = pd.read_parquet(tmp_path / "run" / "metrics.parquet")
     assert list(rows["round"]) == [1, 2, 3] and (rows["num_clients"] == 5).all()
     assert rows["test_accuracy"].iloc[-1] > 0.3  # chance is 0.1: the medians learn
     assert "fedmedian" in (tmp_path / "run" / "config.yaml").read_text()
-
-    (tmp_path / "median.yaml").write_text(
-        "base: {algorithm: {name: fedmedian}, data: {num_clients: 10}, ray: {dashboard: false},\n"
-        "       federation: {clients_per_round: 5, rounds: 2}}\n"
-        "search: {federation.lr: {grid: [0.02, 0.05]}}\nmetric: test_accuracy\nname: median\nstorage: out\n"
-    )
-    tuned = rayfl(plugin_path, "tune", str(tmp_path / "median.yaml"), cwd=tmp_path)
-    assert tuned.returncode == 0, tuned.stderr[-2000:]
     table = pd.read_csv(tmp_path / "out" / "median" / "results.csv")
     assert len(table) == 2 and (table["status"] == "finished").all() and (table["rounds"] == 2).all()
 
