@@ -1,10 +1,21 @@
 """Shared fixtures: datasets are loaded once per session; one local Ray cluster (2 CPUs, 2 logical
-GPUs, a small object store, no dashboard) for every test that asks for it."""
+GPUs, a small object store, no dashboard) for every test that asks for it.
+
+The suite runs on two pytest-xdist workers (`addopts` in pyproject.toml). Every test that starts Ray
+(marked `ray`, or asking for the session's cluster) runs on one of them, in file order: one cluster
+at a time, and the session's cluster started once.
+"""
 
 import pytest
 
 from rayfl.config.load import parse_config
 from rayfl.data import load_dataset
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("ray") or "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")

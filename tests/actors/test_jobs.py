@@ -36,6 +36,19 @@ def get(url, token=None):
         return json.loads(r.read())
 
 
+def head_logs(temp_dir: str) -> str:
+    """The last lines of the head's own logs (GCS, dashboard and its agent)."""
+    logs = os.path.join(temp_dir, "session_latest", "logs")
+    tails = []
+    for name in ("gcs_server.out", "dashboard.log", "dashboard_agent.log", "raylet.out"):
+        try:
+            with open(os.path.join(logs, name)) as f:
+                tails.append(f"--- {name}\n" + "".join(f.readlines()[-15:]))
+        except OSError:
+            tails.append(f"--- {name}: none")
+    return "\n".join(tails)
+
+
 @pytest.fixture(scope="module")
 def head_node():  # one head for the module's jobs (each job has its own id and RUN_DIR)
     temp_dir = tempfile.mkdtemp(prefix="rayfl-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
@@ -79,9 +92,19 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
                 break
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the head node did not come up")
+                    raise RuntimeError(f"the head node did not come up:\n{head_logs(temp_dir)}")
                 time.sleep(0.5)
+        # and a job runs: a head whose dashboard agent has not registered yet answers every
+        # submission with "No available agent" (seen on a busy machine after the node drill)
+        while subprocess.run(
+            ["ray", "job", "submit", "--address", url, "--", "true"], env=env, capture_output=True
+        ).returncode:
+            if time.time() > deadline + 60 or proc.poll() is not None:
+                raise RuntimeError(f"the head node runs no job:\n{head_logs(temp_dir)}")
+            time.sleep(1)
         yield url, token, env, client_port, gcs_port
+        if proc.poll() is not None:  # the head died under the module's tests: say why, if its logs do
+            print(head_logs(temp_dir))
     finally:
         # `ray start --block` takes over 10 s to follow a SIGTERM here: after 2 s, SIGKILL the group.
         for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
