@@ -1,9 +1,9 @@
 """Shared fixtures: datasets are loaded once per session; one local Ray cluster (2 CPUs, 2 logical
 GPUs, a small object store, no dashboard) for every test that asks for it.
 
-The suite runs on two pytest-xdist workers (`addopts` in pyproject.toml). Every test that starts Ray
-(marked `ray`, or asking for the session's cluster) runs on one of them, in file order: one cluster
-at a time, and the session's cluster started once.
+The suite runs on two pytest-xdist workers (`addopts` in pyproject.toml). The tests on the session's
+cluster all run on one of them, in file order, so it starts once; a test that starts a cluster of its
+own (a head in a subprocess, a multi-node drill) runs on either, beside it.
 """
 
 import pytest
@@ -14,7 +14,7 @@ from rayfl.data import load_dataset
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("ray") or "ray_cluster" in getattr(item, "fixturenames", ()):
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 

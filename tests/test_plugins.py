@@ -84,7 +84,8 @@ def test_an_algorithm_from_another_package_is_listed_and_runs_on_ray_and_tune_by
         tuned = rayfl(env, "tune", str(tmp_path / "median.yaml"), cwd=tmp_path)
         assert tuned.returncode == 0, tuned.stderr[-2000:]
     finally:
-        rayfl(env, "down", cwd=tmp_path)
+        down = rayfl(env, "down", cwd=tmp_path)
+    assert down.stdout.strip() == "rayfl: the local head is down"  # the head was still kept, and it stopped
     rows = pd.read_parquet(tmp_path / "run" / "metrics.parquet")
     assert list(rows["round"]) == [1, 2, 3] and (rows["num_clients"] == 5).all()
     assert rows["test_accuracy"].iloc[-1] > 0.3  # chance is 0.1: the medians learn

@@ -92,7 +92,7 @@ def up(
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dash = free_port(), dashboard_port or free_port()
-    cmd = [ray_cli(), "start", "--head", "--block", f"--port={port}", "--disable-usage-stats"]
+    cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
     cmd += ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
