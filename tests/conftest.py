@@ -12,6 +12,7 @@ from rayfl.config.load import parse_config
 from rayfl.data import load_dataset
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
