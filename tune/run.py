@@ -113,6 +113,10 @@ class Reporter:
 
 def run_trial(params: dict[str, Any], base: dict[str, Any], experiment_dir: str, name: str) -> None:
     """The trainable: one federation with the trial's values, on Ray, inside the trial's group."""
+    # A trial Tune stops ends at its next round's report, then hands its actors back: on a busy
+    # machine that outlasts Tune's 2 s wait before this process takes the next trial (reuse_actors),
+    # and the next trial would fail. Read by Tune in this process when it next resets it.
+    os.environ["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = "120"
     config = trial_config(base, params)
     config = config.model_copy(update={"ray": config.ray.model_copy(update={"num_actors": config.resources.planned})})
     trial_id = tune.get_context().get_trial_id()

@@ -134,16 +134,17 @@ def down(timeout_s: float = 3.0) -> dict[str, Any] | None:
 
 def stop(pid: int, timeout_s: float = 3.0) -> None:
     """SIGTERM to the process group `ray start --block` leads (it stops the head's processes),
-    SIGKILL to what is left after `timeout_s` (Ray's own shutdown waits out a 30 s drain)."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    SIGKILL to what is left after `timeout_s` (Ray's own shutdown waits out a 30 s drain); returns
+    once the group is gone (at most 10 s after the SIGKILL)."""
+    for sig, grace in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
         try:
-            os.killpg(pid, 0)
+            os.killpg(pid, sig)
         except ProcessLookupError:
             return
-        time.sleep(0.2)
-    os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
