@@ -1,9 +1,11 @@
 """Shared fixtures: datasets are loaded once per session; one local Ray cluster (2 CPUs, 2 logical
 GPUs, a small object store, no dashboard) for every test that asks for it.
 
-The suite runs on two pytest-xdist workers (`addopts` in pyproject.toml). The tests on the session's
-cluster all run on one of them, in file order, so it starts once; a test that starts a cluster of its
-own (a head in a subprocess, a multi-node drill) runs on either, beside it.
+The suite runs on two pytest-xdist workers (`addopts` in pyproject.toml), each with a session cluster
+of its own where it needs one. The tests on a session cluster run in two groups, each whole on one
+worker: the fault drills and Tune's trials, and the others (so a cluster starts at most once per
+worker); a test that starts a cluster of its own (a head in a subprocess, a multi-node drill) runs on
+either, beside them.
 """
 
 import pytest
@@ -16,7 +18,8 @@ from rayfl.data import load_dataset
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            drills = item.get_closest_marker("faults") or "tune" in item.path.parts
+            item.add_marker(pytest.mark.xdist_group("ray-drills-and-tune" if drills else "ray"))
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ on a cluster of its own); `.ci/run` runs it after the suite: `python -m pytest -
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     try:
         for block in blocks:
             script = "set -euo pipefail\n" + "\n".join(
-                f"echo '+ {line}' >&2\n{line}" for line in block.strip().splitlines()
+                f"echo {shlex.quote('+ ' + line)} >&2\n{line}" for line in block.strip().splitlines()
             )
             done = subprocess.run(
                 ["bash", "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=1800
