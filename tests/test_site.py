@@ -127,10 +127,9 @@ def test_every_paper_page_shows_its_result_plots(seen):
 def test_the_check_sees_a_run_on_list_a_table_out_of_reach_and_a_missing_plot(site):
     out, url = site
     wide = "<tr>" + "".join(f"<td>column-{k}-{'x' * 30}</td>" for k in range(30)) + "</tr>"
-    (out / "bad").mkdir(exist_ok=True)
-    (out / "bad" / "index.html").write_text(
+    (out / "rayfl-bad.html").write_text(  # beside the site's pages, never one of them (`seen` reads index.html)
         "<html><body><article><p>What it shows:\n- a run-on item\n- another</p>"
         f'<table>{wide}</table><img src="missing.png"></article></body></html>'
     )
-    found = read(url, out, ["bad/"])["bad/"]
+    found = read(url, out, ["rayfl-bad.html"])["rayfl-bad.html"]
     assert found["runOn"] and found["unreachable"] and found["images"] == [["missing.png", False]]
