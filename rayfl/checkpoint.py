@@ -133,10 +133,20 @@ class Saved:
     pending: Any = None
     batteries: Any = None
     """The devices' charge (`rayfl.engine.admission.Batteries`), or None."""
+    config: Mapping[str, Any] | None = None
+    """The resolved config of the run that wrote it (`rayfl.config.to_dict`), which a resume must
+    agree with (`rayfl.engine.loop.start_of`); None in a file written without one."""
+    path: Path | None = None
+    """The file it was read from."""
 
 
 def save(
-    run_dir: str | Path, state: ServerState, virtual_time_s: float, pending: Any = None, batteries: Any = None
+    run_dir: str | Path,
+    state: ServerState,
+    virtual_time_s: float,
+    pending: Any = None,
+    batteries: Any = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
@@ -147,6 +157,7 @@ def save(
             "virtual_time_s": float(virtual_time_s),
             "pending": encode(pending, "pending"),
             "batteries": encode(batteries, "batteries"),
+            "config": config,
         },
         buffer,
     )
@@ -181,7 +192,7 @@ def latest(run_dir: str | Path) -> Saved:
     broken: list[str] = []
     for path in reversed(paths):
         try:
-            saved = checked(torch.load(path, weights_only=True))
+            saved = dataclasses.replace(checked(torch.load(path, weights_only=True)), path=path)
         except Exception as exc:  # a broken file fails in the zip reader, the unpickler, decode or `checked`
             first = (str(exc).splitlines() or [""])[0][:120]
             broken.append(f"{path} ({first if isinstance(exc, ConfigError) else f'{type(exc).__name__}: {first}'})")
@@ -216,4 +227,7 @@ def checked(data: Any) -> Saved:
         batteries is None or _name(type(batteries)) == "rayfl.engine.admission:Batteries"
     ):
         raise ConfigError("its pending flights or batteries are not rayfl's")
-    return Saved(state, float(clock), pending, batteries)
+    config = data.get("config")
+    if not (config is None or isinstance(config, dict)):
+        raise ConfigError("its config is not a mapping")
+    return Saved(state, float(clock), pending, batteries, config)

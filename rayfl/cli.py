@@ -22,7 +22,14 @@ from .config import ConfigError, shown
 def _config(args: argparse.Namespace, resume_dir: Path | None = None):
     """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here). A
     misspelt key of the generic sections is reported before the registries (and torch) load."""
-    from .config.files import check_known_keys, parse_yaml, read_config, with_overrides
+    from .config.files import (
+        RESUMABLE,
+        check_known_keys,
+        computation_changes,
+        parse_yaml,
+        read_config,
+        with_overrides,
+    )
 
     if getattr(args, "resume", None):
         if args.config:
@@ -37,11 +44,12 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
     from .config.load import parse_config
 
     if getattr(args, "resume", None):
-        own, asked = ((c.get("algorithm") or {}).get("name", "fedavg") for c in (saved, raw))
-        if asked != own:
+        changes = computation_changes(saved, raw)
+        if changes:
+            key, own, asked = changes[0]
             raise ConfigError(
-                f"algorithm.name: a run continues with its own algorithm ({own}); --resume cannot change it to "
-                f"{shown(str(asked), 80)}: start a new run"
+                f"{key}: a resumed run keeps its own ({shown(str(own), 80)}); --resume changes only "
+                f"{', '.join(k if '.' in k else f'{k}.*' for k in RESUMABLE)}: start a new run for {shown(str(asked), 80)}"
             )
     return parse_config(raw)
 

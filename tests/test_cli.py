@@ -5,11 +5,14 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from rayfl import checkpoint
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
+from rayfl.storage import dump_config
 
 
 def rayfl(*args, cwd=None):
@@ -75,8 +78,8 @@ def test_resume_extends_a_run_in_place(tmp_path):
     assert both.returncode == 2 and "takes the run's own config.yaml" in both.stderr
     other = rayfl("run", "--local", "--resume", str(run_dir), "--set", "algorithm.name=heterofl")
     assert other.returncode == 2 and other.stderr.splitlines() == [
-        "rayfl: error: algorithm.name: a run continues with its own algorithm (fedavg); --resume cannot change it to "
-        "heterofl: start a new run"
+        "rayfl: error: algorithm.name: a resumed run keeps its own (fedavg); --resume changes only federation.rounds, "
+        "federation.checkpoint_every, federation.target_accuracy, ray.*, metrics.*: start a new run for heterofl"
     ]
 
 
@@ -128,6 +131,30 @@ BAD_INPUTS = [
     (["--resume", "corrupt"], "--resume corrupt: no readable checkpoint"),
     (["--resume", "nothing-here"], "nothing-here/config.yaml: no such file"),
     (["cfg.yaml", "--resume", "done"], "--resume done: takes the run's own config.yaml"),
+    (["--resume", "done", "--set", "federation.lr=0.1"], "federation.lr: a resumed run keeps its own (0.05); --resume"),
+    (
+        ["--resume", "adam-checkpoints"],
+        "--resume adam-checkpoints: config.yaml does not belong to round_00002.pt: algorithm.name is fedavg there, "
+        "fedadam in the checkpoint",
+    ),
+    (
+        ["--resume", "heterofl-config"],
+        "--resume heterofl-config: config.yaml does not belong to round_00002.pt: algorithm.name is heterofl there, "
+        "fedavg in the checkpoint",
+    ),
+    (
+        ["--resume", "far-round"],
+        "--resume far-round: round_1000000000000.pt is at round 1000000000000, beyond federation.rounds 2",
+    ),
+    (["--resume", "misnamed"], "--resume misnamed: round_00009.pt holds round 2, not the one its name says"),
+    (["--resume", "nan"], "--resume nan: round_00002.pt holds NaN or infinite values at state.weights['1.bias']"),
+    (
+        ["--resume", "reshaped"],
+        "--resume reshaped: round_00002.pt's weights do not fit the model at 1.bias (checkpoint float32 (3,), "
+        "model float32 (200,))",
+    ),
+    (["--resume", "unsigned"], "--resume unsigned: round_00002.pt does not say which run wrote it"),
+    (["--resume", "short-table"], "--resume short-table: metrics.parquet does not hold one row for each of rounds"),
     (
         ["--set", "federation.mode=deadline", "--set", "federation.deadline.deadline_s=-5"],
         "federation.deadline.deadline_s: Input should be greater than 0",
@@ -161,6 +188,38 @@ def bad_input_dir(tmp_path_factory):
         path.write_bytes(path.read_bytes()[:100])
     shutil.copytree(root / "done", root / "fresh")
     shutil.rmtree(root / "fresh" / "checkpoints")
+    # Checkpoints and tables that do not belong to the run resumed (tests/test_cli.py::BAD_INPUTS).
+    adam = root / "adam-run"
+    run_local(load_config(None, ["federation.rounds=2", "model.name=mlp", "algorithm.name=fedadam"]), adam)
+    shutil.copytree(root / "done", root / "adam-checkpoints")
+    shutil.rmtree(root / "adam-checkpoints" / "checkpoints")
+    shutil.move(adam / "checkpoints", root / "adam-checkpoints" / "checkpoints")
+    shutil.rmtree(adam)
+    shutil.copytree(root / "done", root / "heterofl-config")
+    dump_config(load_config(None, ["algorithm.name=heterofl"]), root / "heterofl-config" / "config.yaml")
+    shutil.copytree(root / "done", root / "short-table")
+    metrics = root / "short-table" / "metrics.parquet"
+    pd.read_parquet(metrics).iloc[:1].to_parquet(metrics)
+    newest = checkpoint.latest(root / "done")
+    crafted = {
+        "far-round": (newest.state.replace(round=10**12), newest.config),
+        "misnamed": (newest.state, newest.config),
+        "nan": (
+            newest.state.replace(weights={**newest.state.weights, "1.bias": np.full(200, np.nan, "f4")}),
+            newest.config,
+        ),
+        "reshaped": (
+            newest.state.replace(weights={**newest.state.weights, "1.bias": np.zeros(3, "f4")}),
+            newest.config,
+        ),
+        "unsigned": (newest.state, None),
+    }
+    for name, (state, config) in crafted.items():
+        shutil.copytree(root / "done", root / name)
+        shutil.rmtree(root / name / "checkpoints")
+        written = checkpoint.save(root / name, state, newest.virtual_time_s, config=config)
+        if name == "misnamed":
+            written.rename(written.with_name("round_00009.pt"))
     return root
 
 

@@ -8,19 +8,24 @@ call it with their own executor.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
 
 from .. import checkpoint
 from ..algorithms.capabilities import Collapses, Summarizes
 from ..algorithms.messages import ServerState
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig, shown, to_dict
+from ..config.files import computation_changes
 from ..metrics import Recorder, TensorBoard
 from ..storage import dump_config
 from .admission import Batteries
@@ -97,17 +102,80 @@ def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tup
 
 
 def start_of(fed: Federation, run_dir: str | Path, resume: bool) -> Start:
-    """Round 0, or with `resume` RUN_DIR's newest intact checkpoint and the rows up to it."""
+    """Round 0, or with `resume` RUN_DIR's newest intact checkpoint and the rows up to it, once
+    `check_resume` finds that they belong to this run."""
+    fresh = fed.policy.init_state(fed.initial_weights())
     if resume:
         saved = checkpoint.latest(run_dir)
-        return Start(
-            saved.state,
-            saved.virtual_time_s,
-            Recorder.reopen(run_dir, saved.state.round),
-            saved.pending,
-            saved.batteries or Batteries(),
+        recorder = Recorder.reopen(run_dir, saved.state.round)
+        check_resume(fed.config, fresh, saved, recorder, f"--resume {run_dir}")
+        return Start(saved.state, saved.virtual_time_s, recorder, saved.pending, saved.batteries or Batteries())
+    return Start(fresh, 0.0, Recorder(run_dir))
+
+
+def check_resume(
+    config: RunConfig, fresh: ServerState, saved: checkpoint.Saved, recorder: Recorder, where: str
+) -> None:
+    """`ConfigError` (one line, starting with `where`) unless a checkpoint belongs to the run
+    being resumed: written by a run of the same config outside `RESUMABLE` (so the same algorithm,
+    data, model and federation), named for its round, at a round within `federation.rounds`,
+    with the model's array names, shapes and dtypes, finite arrays throughout, and the run's
+    table holding one row for each round up to it."""
+    name, state = saved.path.name if saved.path else "checkpoint", saved.state
+    if saved.config is None:
+        raise ConfigError(f"{where}: {name} does not say which run wrote it (an older rayfl's): start a new run")
+    changes = computation_changes(saved.config, to_dict(config))
+    if changes:
+        key, was, now = changes[0]
+        raise ConfigError(
+            f"{where}: config.yaml does not belong to {name}: {key} is {shown(str(now), 80)} there, "
+            f"{shown(str(was), 80)} in the checkpoint"
         )
-    return Start(fed.policy.init_state(fed.initial_weights()), 0.0, Recorder(run_dir))
+    if saved.path and saved.path.name != f"round_{state.round:05d}.pt":
+        raise ConfigError(f"{where}: {name} holds round {shown(str(state.round), 40)}, not the one its name says")
+    if not 1 <= state.round <= config.federation.rounds:
+        raise ConfigError(
+            f"{where}: {name} is at round {state.round}, beyond federation.rounds {config.federation.rounds}"
+        )
+    model = {k: (v.shape, v.dtype) for k, v in fresh.weights.items()}
+    held = {k: (v.shape, v.dtype) for k, v in state.weights.items()}
+    if held != model:
+        key = sorted(k for k in model.keys() | held.keys() if model.get(k) != held.get(k))[0]
+        raise ConfigError(
+            f"{where}: {name}'s weights do not fit the model at {shown(key, 80)} "
+            f"(checkpoint {_shape(held.get(key))}, model {_shape(model.get(key))})"
+        )
+    bad = next(_not_finite(state, "state"), None)
+    if bad:
+        raise ConfigError(f"{where}: {name} holds NaN or infinite values at {shown(bad, 80)}")
+    rows = [r["round"] for r in recorder.rounds]
+    if rows != list(range(1, state.round + 1)):
+        raise ConfigError(
+            f"{where}: metrics.parquet does not hold one row for each of rounds 1..{state.round} of {name}"
+        )
+
+
+def _shape(entry: tuple[Any, Any] | None) -> str:
+    return "none" if entry is None else f"{entry[1]} {tuple(entry[0])}"
+
+
+def _not_finite(value: Any, where: str) -> Iterator[str]:
+    """The paths of the floating arrays and numbers in a state that hold NaN or infinity."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            yield where
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield where
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _not_finite(getattr(value, f.name), f"{where}.{f.name}")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _not_finite(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _not_finite(v, f"{where}[{i}]")
 
 
 def run_federation(
@@ -129,6 +197,7 @@ def run_federation(
         else None
     )
     fed_cfg = fed.config.federation
+    written_by = to_dict(fed.config)
     t0 = time.perf_counter() - (recorder.rounds[-1]["wall_time_s"] if recorder.rounds else 0.0)
 
     def finish(out: RoundOutcome) -> None:
@@ -140,7 +209,7 @@ def run_federation(
         if fed_cfg.checkpoint_every and (
             row["round"] % fed_cfg.checkpoint_every == 0 or row["round"] == fed_cfg.rounds
         ):
-            checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending, out.batteries)
+            checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending, out.batteries, written_by)
         if progress is not None:
             progress(row)
 
