@@ -16,6 +16,7 @@ on the job's node (Ray Client, `ray://HOST:10001`).
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -305,8 +306,37 @@ def unpack(data: bytes, target: Path) -> None:
 
 
 def validate_address(address: str) -> str:
+    """`address` once a Ray dashboard answers there (`GET /api/version`) within
+    `actors.driver.cluster.PROBE_S`, else `ConfigError`, one line: not a URL, nothing answering
+    (the job client would retry for a minute), something that is not a dashboard, or a head that
+    wants a token this process lacks. `rayfl submit`, `fetch` and `pool` probe with it, as
+    `run --address` probes a GCS (`actors.driver.cluster.probe`)."""
+    import urllib.error
+    import urllib.request
+
+    from actors.driver.cluster import PROBE_S
+
     if not address.startswith(("http://", "https://")):
-        raise ConfigError(f"--address: {address!r} is not a dashboard URL (http://HOST:8265)")
+        raise ConfigError(f"--address: {shown(address, 80)!r} is not a dashboard URL (http://HOST:8265)")
+    request = urllib.request.Request(f"{address.rstrip('/')}/api/version", headers=auth_headers())
+    try:
+        with urllib.request.urlopen(request, timeout=PROBE_S) as answer:
+            answered = json.load(answer)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise ConfigError(
+                f"--address {shown(address, 80)}: the dashboard wants a token: export RAY_AUTH_TOKEN=<the head's "
+                "`ray get-auth-token`> unless ~/.ray/auth_token holds it"
+            ) from None
+        raise ConfigError(f"--address {shown(address, 80)}: answers HTTP {exc.code}, not as a Ray dashboard") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise ConfigError(
+            f"--address {shown(address, 80)}: no Ray dashboard answers there ({shown(str(reason), 80)}); is the head "
+            "up, and is this its dashboard (rayfl up prints it)?"
+        ) from None
+    if not (isinstance(answered, dict) and "ray_version" in answered):
+        raise ConfigError(f"--address {shown(address, 80)}: answers, but not as a Ray dashboard")
     return address
 
 

@@ -47,9 +47,10 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
         changes = computation_changes(saved, raw)
         if changes:
             key, own, asked = changes[0]
+            allowed = ", ".join(k if "." in k else f"{k}.*" for k in RESUMABLE)
             raise ConfigError(
-                f"{key}: a resumed run keeps its own ({shown(str(own), 80)}); --resume changes only "
-                f"{', '.join(k if '.' in k else f'{k}.*' for k in RESUMABLE)}: start a new run for {shown(str(asked), 80)}"
+                f"{key}: a resumed run keeps its own ({shown(str(own), 80)}); --resume changes only {allowed}: start a "
+                f"new run for {shown(str(asked), 80)}"
             )
     return parse_config(raw)
 
@@ -234,7 +235,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         if args.address and args.address.startswith(("http://", "https://")):  # a dashboard, as submit takes
             from . import api
 
-            print(api.pool_command_on(args.address, args.action))
+            print(api.pool_command_on(api.validate_address(args.address), args.action))
             return 0
         if not head.joining(args.address):
             raise ConfigError(
