@@ -28,10 +28,11 @@ def of(handle: Any) -> Mapping[str, Any] | None:
     return actor(handle._actor_id.hex())
 
 
-def placed(handle: Any) -> bool:
+def placed(handle: Any) -> bool | None:
     """Whether Ray has given the actor a worker process (its constructor may still be running);
-    unknown: not (yet) known to be placed."""
-    return int((of(handle) or {}).get("Pid", 0) or 0) > 0
+    None: unknown (a busy GCS), which is neither placed nor waiting."""
+    info = of(handle)
+    return None if info is None else int(info.get("Pid", 0) or 0) > 0
 
 
 def waiting(handle: Any) -> bool | None:

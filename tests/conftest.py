@@ -8,6 +8,8 @@ worker); a test that starts a cluster of its own (a head in a subprocess, a mult
 either, beside them.
 """
 
+import logging
+
 import pytest
 
 from rayfl.config.load import parse_config
@@ -20,6 +22,20 @@ def pytest_collection_modifyitems(config, items):
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             drills = item.get_closest_marker("faults") or "tune" in item.path.parts
             item.add_marker(pytest.mark.xdist_group("ray-drills-and-tune" if drills else "ray"))
+
+
+@pytest.fixture
+def rayfl_notes():
+    """The messages rayfl logs during this test, by a handler of its own on the `rayfl` logger:
+    never a shared handler (pytest's caplog sits on the root, which `rayfl.cli.main` stops rayfl's
+    records reaching, and which handlers an earlier test left behind may feed twice)."""
+    notes: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notes.append(record.getMessage())
+    log = logging.getLogger("rayfl")
+    log.addHandler(handler)
+    yield notes
+    log.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

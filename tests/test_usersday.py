@@ -1,7 +1,6 @@
 """A user's day: config paths relative to their file, Tune's scheduler fitted to the rounds, the
 catalog without torch, did-you-mean, default profiles and the collapse warning, URI RUN_DIRs."""
 
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -115,15 +114,13 @@ def test_unknown_keys_and_names_suggest_the_closest(override, message):
     assert override != "devices.profile=jetsn" or str(err.value).endswith("(did you mean 'jetson'?)")
 
 
-def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(caplog, tmp_path, monkeypatch):
+def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(rayfl_notes, tmp_path):
     from rayfl.engine import prepare
 
-    monkeypatch.setattr(logging.getLogger("rayfl"), "propagate", True)  # `main` (another test) may have turned it off
     assert load_config(None, ["algorithm.name=mfedepth"]).devices.profile == "fedepth_fair"
     assert load_config(None, ["algorithm.name=exclusivefl"]).devices.profile == "fedepth_fair"
     assert load_config(None, ["algorithm.name=mfedepth", "devices.profile=jetson"]).devices.profile == "jetson"
     assert load_config(None, ["algorithm.name=fedavg"]).devices.profile == "jetson"
-    caplog.set_level(logging.WARNING, logger="rayfl")
     for overrides, warns in [
         (["algorithm.name=mfedepth"], False),
         (["algorithm.name=mfedepth", "devices.profile=jetson"], True),
@@ -131,9 +128,9 @@ def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(
         (["algorithm.name=exclusivefl"], False),
         (["algorithm.name=heterofl", "devices.profile=jetson"], False),  # dynamic levels: the profile plays no part
     ]:
-        caplog.clear()
+        rayfl_notes.clear()
         prepare(load_config(None, overrides), tmp_path / "r")
-        lines = [r.getMessage() for r in caplog.records]
+        lines = list(rayfl_notes)
         assert bool(lines) == warns, (overrides, lines)
         if warns:
             assert len(lines) == 1 and lines[0].endswith(

@@ -273,8 +273,8 @@ def wait_for_actors(
         if time.monotonic() - reported >= every_s:
             reported = time.monotonic()
             unplaced = sum(
-                not raystate.placed(a) for a in owner.values()
-            )  # the others are placed, starting or warming up
+                raystate.placed(a) is False for a in owner.values()
+            )  # the others are placed (starting or warming up) or unknown: a busy GCS is no news
             if unplaced:
                 report(
                     f"waiting {waited:.0f} s for {unplaced} of {len(actors)} client actors to be placed (free now: "

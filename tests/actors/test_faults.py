@@ -1,7 +1,6 @@
 """Faults on Ray end in the truth: a pool that heals, runs that never report success on a dead
 pool, a coordinator that Ray restarts and that resumes by itself (the drills of issue 30)."""
 
-import contextlib
 import random
 import threading
 import time
@@ -81,7 +80,7 @@ def test_a_pool_whose_actors_stay_dead_ends_the_run_with_the_resume_hint(ray_clu
     assert len(rounds) < 8
 
 
-def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_run(ray_cluster, tmp_path, caplog):
+def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_run(ray_cluster, tmp_path, rayfl_notes):
     cfg = load_config(None, ["federation.rounds=6", *SLOW])
     reference = undisturbed(cfg, tmp_path / "reference")
     run_dir = tmp_path / "run"
@@ -95,7 +94,7 @@ def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_ru
     killer.join()
     assert summary["rounds"] == 6
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]  # rows recomputed after the restart are relayed once
-    assert any("the coordinator actor died; Ray restarts it" in r.message for r in caplog.records)
+    assert any("the coordinator actor died; Ray restarts it" in n for n in rayfl_notes)
     assert_same_rounds(metrics_of(run_dir), reference)
 
 
@@ -104,40 +103,25 @@ def rounds_run_again(notes):
     return [n for n in notes if n.startswith("round ")]
 
 
-def test_a_split_round_whose_actor_dies_runs_its_exchange_again_and_equals_the_undisturbed_run(ray_cluster, tmp_path):
+def test_a_split_round_whose_actor_dies_runs_its_exchange_again_and_equals_the_undisturbed_run(
+    ray_cluster, tmp_path, rayfl_notes
+):
     cfg = load_config(
         None,
         ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=4", "federation.clients_per_round=3", *SLOW[1:]],
     )
     reference = undisturbed(cfg, tmp_path / "reference")
     run_dir = tmp_path / "split"
-    notes = []
 
     def kill_a_client():
         ray_cluster.kill(actors_of(run_dir.name, "client")[0], no_restart=False)
 
     killer = once_written(checkpoint_of(run_dir, 1), kill_a_client)
-    with caplog_of(notes):
-        summary = api.run(cfg, run_dir)
+    summary = api.run(cfg, run_dir)
     killer.join()
-    assert summary["rounds"] == 4 and any("running the round's exchange again" in n for n in notes)
+    assert summary["rounds"] == 4 and any("running the round's exchange again" in n for n in rayfl_notes)
     assert_same_rounds(metrics_of(run_dir), reference)
     assert metrics_of(run_dir)["num_failed"].sum() == 0
-
-
-@contextlib.contextmanager
-def caplog_of(notes):
-    """rayfl's notices (the driver relays the pool's) appended to `notes`."""
-    import logging
-
-    handler = logging.Handler()
-    handler.emit = lambda record: notes.append(record.getMessage())
-    log = logging.getLogger("rayfl")
-    log.addHandler(handler)
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
 
 
 @pytest.fixture

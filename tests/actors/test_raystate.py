@@ -19,7 +19,7 @@ def test_a_failed_read_never_ends_a_live_borrower_and_never_lends_an_unknown_act
     monkeypatch.setattr(ray._private.state, "actors", busy)
     assert raystate.actor("ab" * 16) is None
     assert raystate.running("ab" * 16)  # its lease kept: asked again next second
-    assert not raystate.fresh(Handle()) and not raystate.placed(Handle()) and raystate.waiting(Handle()) is None
+    assert not raystate.fresh(Handle()) and raystate.placed(Handle()) is None and raystate.waiting(Handle()) is None
 
 
 def test_an_answer_is_read_as_it_is(monkeypatch):
@@ -27,4 +27,9 @@ def test_an_answer_is_read_as_it_is(monkeypatch):
     monkeypatch.setattr(ray._private.state, "actors", lambda actor_id=None: table.get(actor_id, {}))
     assert not raystate.running("ab" * 16) and raystate.placed(Handle()) and not raystate.fresh(Handle())
     table["ab" * 16] = {"State": "PENDING_CREATION", "Pid": 0}
-    assert raystate.waiting(Handle()) and raystate.running("ab" * 16) and not raystate.running("cd" * 16)
+    assert (
+        raystate.placed(Handle()) is False
+        and raystate.waiting(Handle())
+        and raystate.running("ab" * 16)
+        and not raystate.running("cd" * 16)
+    )
