@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import storage
 
     location = args.resume or args.out
-    storage.check_location(location)
+    storage.check_location(location, "--resume" if args.resume else "--out")
     if args.out and not args.resume and not args.overwrite and storage.holds_run(args.out):
         raise ConfigError(
             f"--out {shown(args.out)}: holds a run; continue it with --resume {shown(args.out)}, or replace it with "
@@ -96,6 +96,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             else:
                 with contextlib.redirect_stdout(RayNotices(sys.stdout, logging.getLogger("rayfl"))):
                     summary = api.run(config, run_dir, address=args.address, progress=bar, resume=resume)
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"rayfl: interrupted; {api.resume_hint(Path(run_dir))}", file=sys.stderr)
+            return 130
         finally:
             bar.close()
     acc = summary["final_test_accuracy"]

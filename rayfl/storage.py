@@ -114,9 +114,16 @@ def holds_run(location: str) -> bool:
     return any((Path(location).expanduser() / name).exists() for name in RUN_FILES)
 
 
-def check_location(location: str | None) -> None:
-    """`ConfigError` naming `--out` for a URI no `pyarrow.fs` filesystem reads (found before a run starts)."""
+def check_location(location: str | None, label: str = "--out") -> None:
+    """`ConfigError` naming `label` for a URI no `pyarrow.fs` filesystem reads, or a folder path
+    that cannot be looked up (`rayfl.config.files.checked_path`: a symlink loop, a name too long);
+    found before a run starts."""
+    if location is None:
+        return
     if not is_uri(location):
+        from .config.files import checked_path
+
+        checked_path(location, label)
         return
     from pyarrow import fs
 
@@ -125,7 +132,7 @@ def check_location(location: str | None) -> None:
     try:
         fs.FileSystem.from_uri(str(location))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, ValueError or OSError by scheme
-        raise ConfigError(f"--out: {location}: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{label}: {location}: {str(exc).splitlines()[0]}") from None
 
 
 def dump_config(config: RunConfig, path: str | Path) -> None:

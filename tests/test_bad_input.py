@@ -76,9 +76,10 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
     [
         (b"federation:\n  rounds: \xff\xfe\n", "not UTF-8 text (byte 22)"),
         (b"? [a, b]\n: 1\n", "line 1 a key must be a plain value, not a list or mapping"),
-        (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
-        (b"a:\n" + b"".join(b"  " * k + b"b:\n" for k in range(1, 80)), "nested more than 64 levels deep"),
-        (b"x: " + b"y" * (10 * 1024 * 1024), "larger than 10 MB"),
+        (b"[" * 100_000 + b"]" * 100_000, "line 1 nested more than 64 levels deep"),
+        (b"a:\n" + b"".join(b"  " * k + b"b:\n" for k in range(1, 80)), "line 65 nested more than 64 levels deep"),
+        (b"x: " + b"y" * (1024 * 1024), "larger than 1 MB"),
+        (b"x: [" + b"1, " * 60_000 + b"]\n", "line 1 more than 50000 values"),
         (
             b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n",
             "line 2 an alias (*name) is not allowed",
@@ -89,7 +90,17 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
             "invalid value (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 di)",
         ),
     ],
-    ids=["not-utf8", "complex-key", "deep-list", "deep-mapping", "oversized", "alias-bomb", "bad-date", "huge-integer"],
+    ids=[
+        "not-utf8",
+        "complex-key",
+        "deep-list",
+        "deep-mapping",
+        "oversized",
+        "too-many-values",
+        "alias-bomb",
+        "bad-date",
+        "huge-integer",
+    ],
 )
 def test_files_that_are_not_plain_small_utf8_yaml(tmp_path, monkeypatch, capsys, mode, content, said):
     path = config_file(tmp_path, content)
@@ -101,6 +112,43 @@ def test_echoed_text_is_cut_and_its_control_and_bidi_characters_escaped(tmp_path
     assert "\u202e" not in said and "\x1b" not in said and "federation.\\u202erounds\\u001b[2J: unknown key" in said
     said = refused(tmp_path, monkeypatch, capsys, ["--set", "algorithm.name=" + "x" * 50_000], mode)
     assert len(said) <= MAX_SHOWN and "characters)..." in said and said.startswith("algorithm.name: unknown algorithm")
+
+
+def test_a_list_too_short_is_named_as_such(tmp_path, monkeypatch, capsys, mode):
+    profile = config_file(
+        tmp_path,
+        b"name: p\nclasses:\n  - {name: a, proportion: 1, flops: [1.0e+9], memory_mb: 100, bandwidth_mbps: [1]}\n",
+    )
+    said = refused(tmp_path, monkeypatch, capsys, ["--set", f"devices.profile={profile}"], mode)
+    assert said == f"{profile}: classes.0.bandwidth_mbps: 1 item given; it takes 2"
+
+
+def test_a_key_with_look_alike_letters_is_shown_escaped(tmp_path, monkeypatch, capsys, mode):
+    said = refused(tmp_path, monkeypatch, capsys, ["--set", "f\u0435deration.rounds=1"], mode)  # a Cyrillic e
+    assert said == "f\\u0435deration: unknown key (did you mean 'federation'?)"
+
+
+@pytest.mark.parametrize("where", ["--out", "data.data_dir", "model.init_weights"])
+def test_paths_that_cannot_be_looked_up_are_refused_naming_the_key(tmp_path, monkeypatch, capsys, mode, where):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    long = tmp_path / ("a" * 300)
+    for path, why in ((loop / "run", "a symlink loop"), (long, "a name of 300 bytes; at most 255")):
+        argv = ["--out", str(path)] if where == "--out" else ["--set", f"{where}={path}"]
+        said = refused(tmp_path, monkeypatch, capsys, argv, mode)
+        assert said.startswith(f"{where}: ") and said.endswith(why), said
+
+
+def test_a_pickled_weights_file_is_refused_naming_the_key_and_runs_no_code(tmp_path, monkeypatch, capsys, mode):
+    import pickle
+
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(pickle.dumps({"w": [1.0]}))  # any pickle is refused, before its code could run
+    said = refused(tmp_path, monkeypatch, capsys, ["--set", f"model.init_weights={weights}"], mode)
+    assert said == (
+        f"model.init_weights: {weights} is not a file of named tensors (torch.save of a model's state_dict); rayfl "
+        "never runs code from a weights file"
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,6 +245,59 @@ def test_an_address_where_no_head_answers_fails_at_once_with_one_line(tmp_path, 
         f"rayfl: error: {said.format(port=port)}"
     ), done.stderr
     assert len(done.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["submit", "--address", "http://127.0.0.1:{port}"],
+        ["fetch", "some-job", "--address", "http://127.0.0.1:{port}"],
+        ["pool", "status", "--address", "http://127.0.0.1:{port}"],
+        ["pool", "status", "--address", "127.0.0.1:{port}"],
+        ["tune", "{tune}", "--address", "127.0.0.1:{port}"],
+    ],
+    ids=["submit", "fetch", "pool-dashboard", "pool-gcs", "tune"],
+)
+def test_every_path_to_a_cluster_where_nothing_listens_is_one_line_and_exit_2(tmp_path, capsys, command):
+    """Not a minute of the job client's retries (issue: 11 lines, exit 1 after 61-72 s); nothing written."""
+    from rayfl.api import REPO_ROOT
+
+    port = free_port()
+    tune = tmp_path / "tune.yaml"
+    tune.write_text(
+        f"base: {REPO_ROOT / 'examples' / 'fedprox_synthetic.yaml'}\nsearch:\n  algorithm.mu: {{grid: [0.0, 0.1]}}\n"
+        f"storage: {tmp_path / 'experiments'}\n"
+    )
+    assert main([part.format(port=port, tune=tune) for part in command]) == 2
+    address = command[-1].format(port=port)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: --address {address}: "), lines
+    assert "nothing answers there" in lines[0] or "no Ray dashboard answers there" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.yaml"]
+
+
+def test_a_dashboard_address_that_answers_as_something_else_is_named(monkeypatch, capsys):
+    import http.server
+    import threading
+
+    class NotADashboard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotADashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert main(["fetch", "some-job", "--address", url]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"rayfl: error: --address {url}: answers HTTP 404, not as a Ray dashboard"
+        ]
+    finally:
+        server.shutdown()
 
 
 def test_gpus_this_machine_lacks_are_refused_before_a_local_cluster_starts(tmp_path):

@@ -312,67 +312,37 @@ def test_a_misspelt_key_is_reported_before_torch_or_ray_load():
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 1.5
 
 
-@pytest.fixture
-def nothing_listens():
-    """A local port nobody listens on (bound, then released)."""
-    import socket
+def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path):
+    import signal
+    import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["submit", "--address", "http://127.0.0.1:{port}"],
-        ["fetch", "some-job", "--address", "http://127.0.0.1:{port}"],
-        ["pool", "status", "--address", "http://127.0.0.1:{port}"],
-        ["pool", "status", "--address", "127.0.0.1:{port}"],
-        ["tune", "{tune}", "--address", "127.0.0.1:{port}"],
-    ],
-    ids=["submit", "fetch", "pool-dashboard", "pool-gcs", "tune"],
-)
-def test_every_path_to_a_cluster_where_nothing_listens_is_one_line_and_exit_2(
-    nothing_listens, tmp_path, capsys, command
-):
-    """Not a minute of the job client's retries (issue: 11 lines, exit 1 after 61-72 s); nothing written."""
-    from rayfl.api import REPO_ROOT
-    from rayfl.cli import main
-
-    tune = tmp_path / "tune.yaml"
-    tune.write_text(
-        f"base: {REPO_ROOT / 'examples' / 'fedprox_synthetic.yaml'}\nsearch:\n  algorithm.mu: {{grid: [0.0, 0.1]}}\n"
-        f"storage: {tmp_path / 'experiments'}\n"
+    run_dir = tmp_path / "run"
+    small = ["--set", "model.name=mlp", "--set", "federation.checkpoint_every=1"]
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rayfl",
+            "run",
+            "--local",
+            *small,
+            "--set",
+            "federation.rounds=1000",
+            "--out",
+            str(run_dir),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert main([part.format(port=nothing_listens, tune=tune) for part in command]) == 2
-    address = command[-1].format(port=nothing_listens)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rayfl: error: --address {address}: "), lines
-    assert "nothing answers there" in lines[0] or "no Ray dashboard answers there" in lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.yaml"]
-
-
-def test_a_dashboard_address_that_answers_as_something_else_is_named(monkeypatch, capsys):
-    import http.server
-    import threading
-
-    class NotADashboard(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_error(404)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), NotADashboard)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    from rayfl.cli import main
-
-    try:
-        url = f"http://127.0.0.1:{server.server_port}"
-        assert main(["fetch", "some-job", "--address", url]) == 2
-        assert capsys.readouterr().err.strip().splitlines() == [
-            f"rayfl: error: --address {url}: answers HTTP 404, not as a Ray dashboard"
-        ]
-    finally:
-        server.shutdown()
+    first = run_dir / "checkpoints" / "round_00001.pt"
+    while not first.exists() and run.poll() is None:  # an event: the first checkpoint is written
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    err = run.communicate(timeout=120)[1]
+    assert run.returncode == 130 and err.splitlines()[-1] == (
+        f"rayfl: interrupted; continue it with: rayfl run --resume {run_dir}"
+    ), err
+    newest = max(int(p.stem.removeprefix("round_")) for p in (run_dir / "checkpoints").glob("round_*.pt"))
+    done = rayfl("run", "--local", "--resume", str(run_dir), "--set", f"federation.rounds={newest + 2}")
+    assert done.returncode == 0, done.stderr
+    assert pd.read_parquet(run_dir / "metrics.parquet")["round"].tolist() == list(range(1, newest + 3))

@@ -25,8 +25,11 @@ MAX_PER_ROUND = 100_000
 """Clients a round selects (or keeps in flight) at most."""
 MAX_ACTORS = 10_000
 """`ray.num_actors` at most."""
-MAX_YAML_BYTES = 10 * 1024 * 1024
+MAX_YAML_BYTES = 1024 * 1024
 """A config, device profile or Tune file larger than this is refused before it is parsed."""
+MAX_YAML_NODES = 50_000
+"""Values (scalars, lists and mappings) one YAML file holds at most: with `MAX_YAML_BYTES`, what
+bounds the time to parse and validate any accepted file (under 2 s; `bench/yaml_limits.py`)."""
 MAX_DEPTH = 64
 """Mappings and lists nested deeper than this are refused."""
 MAX_SHOWN = 300
@@ -44,3 +47,9 @@ def shown(text: str, limit: int = MAX_SHOWN) -> str:
         return safe
     keep = (limit - 30) // 2
     return f"{safe[:keep]}...({len(safe) - 2 * keep} characters)...{safe[-keep:]}"
+
+
+def shown_key(key: str, limit: int = MAX_SHOWN) -> str:
+    """A config key as a message shows it: `shown`, with every non-ASCII character escaped
+    (`\\u0435`), so a look-alike (a Cyrillic `е` in `fеderation`) is seen for what it is."""
+    return shown(key.encode("ascii", "backslashreplace").decode("ascii"), limit)

@@ -10,6 +10,7 @@ a registry: `rayfl.config.load` validates the model and algorithm sections.
 from __future__ import annotations
 
 import math
+import os
 import re
 import typing
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..catalog import closest
-from .base import MAX_DEPTH, MAX_YAML_BYTES, ConfigError, shown
+from .base import MAX_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES, ConfigError, shown, shown_key
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
@@ -64,6 +65,13 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
     loc = _clean_loc(first["loc"], raw)
     if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
         loc.append(first["ctx"]["discriminator"].strip("'"))
+    where = shown_key(".".join([*prefix, *loc]))
+    if first["type"] == "missing" and isinstance(first["input"], list) and isinstance(first["loc"][-1], int):
+        short = [e["loc"][-1] for e in errors if e["type"] == "missing" and e["loc"][:-1] == first["loc"][:-1]]
+        given = len(
+            first["input"]
+        )  # a fixed-length list ([low, high]) given too few items: pydantic says "Field required"
+        return f"{where}: {given} item{'' if given == 1 else 's'} given; it takes {max(short) + 1}"
     messages: list[str] = []
     for e in errors:  # the branches of a union fail together at one key: say what each wanted
         if _clean_loc(e["loc"], raw) == _clean_loc(first["loc"], raw):
@@ -73,7 +81,6 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
                 msg = "unknown key" + closest(loc_e[-1], known_keys(schema, loc_e[:-1])) if loc_e else "unknown key"
             if msg not in messages:
                 messages.append(msg)
-    where = ".".join([*prefix, *loc])
     if first["type"] == "value_error":  # a check of a whole config or section names its keys itself
         msg = first["msg"].removeprefix("Value error, ")
         if not where or msg.startswith(f"{where}."):
@@ -81,19 +88,11 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
     return f"{where or '<config>'}: {' or '.join(messages)}"
 
 
-class Loader(yaml.SafeLoader):
-    """`yaml.SafeLoader` for configs and `--set` values: a key given twice in one mapping is an
-    error (the last would win silently), a key must be a plain value (no list or mapping), an
-    alias (`*name`) is refused (nested aliases expand exponentially: a few hundred bytes would
-    take days), and a ratio like `1:2:7` stays a string (YAML 1.1 reads `1:2` as the base-60
-    number 62)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(
-                None, None, "an alias (*name) is not allowed", self.peek_event().start_mark
-            )
-        return super().compose_node(parent, index)
+class Loader(yaml.CSafeLoader):
+    """libyaml's safe loader for configs and `--set` values (`parse_yaml` first refuses aliases,
+    too many values and deep nesting from the event stream): a key given twice in one mapping is
+    an error (the last would win silently), a key must be a plain value (no list or mapping), and a
+    ratio like `1:2:7` stays a string (YAML 1.1 reads `1:2` as the base-60 number 62)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -109,6 +108,31 @@ class Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _scan(text: str) -> None:
+    """Read the YAML event stream (libyaml) before anything is built: an alias (`*name`: nested
+    aliases expand exponentially, a few hundred bytes would take days), more than
+    `MAX_YAML_NODES` values, or nesting deeper than `MAX_DEPTH` raise `yaml.YAMLError`."""
+    parser, nodes, depth = yaml.CSafeLoader(text), 0, 0
+    try:
+        while parser.check_event():
+            event = parser.get_event()
+            if isinstance(event, yaml.AliasEvent):
+                raise yaml.MarkedYAMLError(problem="an alias (*name) is not allowed", problem_mark=event.start_mark)
+            if isinstance(event, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+                nodes += 1
+                if nodes > MAX_YAML_NODES:
+                    raise yaml.MarkedYAMLError(
+                        problem=f"more than {MAX_YAML_NODES} values", problem_mark=event.start_mark
+                    )
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_DEPTH:
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested more than {MAX_DEPTH} levels deep", problem_mark=event.start_mark
+                )
+    finally:
+        parser.dispose()
+
+
 Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 for _digit in "0123456789":  # checked before int and float
     Loader.yaml_implicit_resolvers.setdefault(_digit, []).insert(
@@ -118,8 +142,9 @@ for _digit in "0123456789":  # checked before int and float
 
 def parse_yaml(text: str | bytes, where: str) -> Any:
     """YAML text read safely (no tags, no code), refused with one line starting with `where`
-    when it is larger than `MAX_YAML_BYTES`, not UTF-8, not valid YAML (the line is named), nested
-    deeper than `MAX_DEPTH`, or holds a number that is not finite (the key is named)."""
+    when it is larger than `MAX_YAML_BYTES`, not UTF-8, not valid YAML (the line is named), holds
+    an alias, more than `MAX_YAML_NODES` values or nesting deeper than `MAX_DEPTH` (the line is
+    named), or holds a number that is not finite (the key is named)."""
     if len(text) > MAX_YAML_BYTES:
         raise ConfigError(f"{where}: larger than {MAX_YAML_BYTES // 2**20} MB")
     if isinstance(text, bytes):
@@ -128,25 +153,23 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     try:
+        _scan(text)
         data = yaml.load(text, Loader=Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", "") or ""
-        said = problem if problem.startswith(("duplicate key", "a key must", "an alias")) else "invalid YAML"
+        ours = ("duplicate key", "a key must", "an alias", "more than", "nested more than")
+        said = problem if problem.startswith(ours) else "invalid YAML"
         raise ConfigError(f"{where}:{line} {said}") from None
     except (ValueError, OverflowError) as exc:  # a value YAML recognises but cannot build: 2024-13-01, 5,000 digits
         raise ConfigError(f"{where}: invalid value ({(str(exc).splitlines() or [''])[0][:80]})") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     check_values(data, where)
     return data
 
 
 def check_values(data: Any, where: str, path: tuple[str, ...] = ()) -> None:
-    """`ConfigError` at a float that is not finite, or at nesting deeper than `MAX_DEPTH`."""
-    if len(path) > MAX_DEPTH:
-        raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+    """`ConfigError` at a float that is not finite."""
     if isinstance(data, float) and not math.isfinite(data):
         raise ConfigError(f"{where}: {'.'.join(path) or 'the value'}: {data} is not a finite number")
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
@@ -199,7 +222,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {text}: empty key")
-    return parts, parse_yaml(value, f"--set {shown(key.strip(), 80)}")
+    return parts, parse_yaml(value, f"--set {shown_key(key.strip(), 80)}")
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -244,19 +267,41 @@ PATHS = {
 one exists, else a name (a built-in device profile, a Hugging Face hub id)."""
 
 
+NAME_MAX = 255
+"""Bytes one file or folder name may take (Linux, macOS)."""
+
+
+def checked_path(value: str | Path, label: str) -> Path:
+    """`value` with `~` expanded and symlinks followed, or `ConfigError` starting with `label`: a
+    symlink loop, a name longer than `NAME_MAX` bytes, or a path the system cannot look up."""
+    path = Path(value).expanduser()
+    try:
+        resolved = path.resolve()
+        long = next((part for part in resolved.parts if len(os.fsencode(part)) > NAME_MAX), None)
+        if long is not None:
+            raise ConfigError(f"{label}: a name of {len(os.fsencode(long))} bytes; at most {NAME_MAX}")
+        resolved.exists()  # raises for what resolve() lets pass: a path too long in all
+    except RuntimeError:  # Python 3.11's resolve() on a loop
+        raise ConfigError(f"{label}: {shown(str(path), 120)}: a symlink loop") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: {shown(str(path), 120)}: {exc.strerror or type(exc).__name__}") from None
+    return resolved
+
+
 def absolute_paths(raw: Mapping[str, Any], folder: str | Path) -> dict[str, Any]:
     """`raw` with each relative path of `PATHS` made absolute against `folder` (a config file's
     own folder, or the working directory for `--set` values), so a config means the same from
-    any working directory and a run's `config.yaml` stores absolute paths."""
+    any working directory and a run's `config.yaml` stores absolute paths; a path that cannot
+    be looked up (`checked_path`) is refused naming its key."""
     out = _copy(raw)
     for (section, key), always in PATHS.items():
         node = out.get(section)
         value = node.get(key) if isinstance(node, dict) else None
-        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        if not isinstance(value, str) or not value:
             continue
-        candidate = (Path(folder) / value).resolve()
+        candidate = checked_path(Path(folder) / value, f"{section}.{key}")
         if always or candidate.exists():
-            node[key] = str(candidate)
+            node[key] = str(candidate) if not Path(value).expanduser().is_absolute() else value
     return out
 
 
@@ -293,7 +338,7 @@ def check_known_keys(raw: Mapping[str, Any]) -> None:
         if unknown:
             loc = _clean_loc(unknown[0]["loc"], rest)
             raise ConfigError(
-                f"{'.'.join(loc)}: unknown key{closest(loc[-1], known_keys(RunConfig, loc[:-1]))}"
+                f"{shown_key('.'.join(loc))}: unknown key{closest(loc[-1], known_keys(RunConfig, loc[:-1]))}"
             ) from None
 
 

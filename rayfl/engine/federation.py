@@ -7,6 +7,7 @@ and training memory (`FederationContext`), the policy, the procedure and the eva
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +20,7 @@ from ..algorithms.capabilities import ClientAccount
 from ..algorithms.messages import FederationContext
 from ..algorithms.registry import Algorithm
 from ..algorithms.vectorize import check_vectorizable
-from ..config import ConfigError, ModelConfig, RunConfig
+from ..config import ConfigError, ModelConfig, RunConfig, shown
 from ..data import Clients, load_clients
 from ..devices import CostCache, ModelCost, Population
 from ..evaluate import Evaluator
@@ -55,7 +56,18 @@ class Federation:
         if self.config.model.init_weights is not None:
             import torch  # the driver only; a pretrained state is read once
 
-            saved = torch.load(Path(self.config.model.init_weights).expanduser(), map_location="cpu", weights_only=True)
+            path = Path(self.config.model.init_weights).expanduser()
+            try:
+                with warnings.catch_warnings():  # torch's note on pickle protocols: the line below says it all
+                    warnings.simplefilter("ignore")
+                    saved = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception:  # noqa: BLE001 - pickled code, a truncated or foreign file: unpickler, zip or OS errors
+                saved = None
+            if not (isinstance(saved, dict) and all(isinstance(v, torch.Tensor) for v in saved.values())):
+                raise ConfigError(
+                    f"model.init_weights: {shown(str(path), 120)} is not a file of named tensors (torch.save of a "
+                    "model's state_dict); rayfl never runs code from a weights file"
+                )
             matched = {k: v.numpy() for k, v in saved.items() if k in weights and tuple(v.shape) == weights[k].shape}
             if not matched:
                 raise ConfigError(
