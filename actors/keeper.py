@@ -11,10 +11,18 @@ resources). An idle actor leaves after the `ray.pool_idle_s` of the run that use
 whose borrower died (a killed `rayfl run`, a Tune trial's actor gone) never hands back: a thread
 notices (the Ray job or actor that borrowed is dead), tells its coordinator to abandon the run,
 and the next borrower resets those actors before use.
+
+The books outlive the keeper's process: every change is written to the GCS's key-value store
+(`BOOKS`), and a keeper that Ray restarts (its process killed) reads them back, finding each
+pooled actor again by its name (they are named and detached), so idle actors stay lendable,
+leases stay held and `rayfl pool` sees them all. A pooled actor in no book (its keeper died
+before the borrower that started it joined it to its lease) is sent away after `ORPHAN_GRACE_S`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import secrets
 import threading
 import time
@@ -23,10 +31,14 @@ from typing import Any
 
 import ray
 
-from . import raystate
+from . import names, raystate
 
 REAP_EVERY_S = 1.0
 """Seconds between the keeper's checks of borrowers and idle times."""
+ORPHAN_GRACE_S = 30.0
+"""Seconds a pooled actor may stay in no book (started, not yet joined to its lease) before it is sent away."""
+BOOKS = "rayfl:pool:books"
+"""The key of the keeper's books in the GCS's key-value store."""
 
 
 @dataclass
@@ -35,7 +47,7 @@ class Entry:
     name: str
     handle: Any
     resources: dict[str, float]
-    since: float = 0.0  # idle since (monotonic)
+    since: float = 0.0  # idle since (time.time(): it outlives the keeper's process)
     idle_s: float = 0.0  # leaves after this long idle
     dirty: bool = False  # its run never handed it back: reset before use
     placed: bool = True  # False while a new actor waits for resources
@@ -58,6 +70,8 @@ class Keeper:
         self.lock = threading.Lock()
         self.idle: list[Entry] = []  # most recently used last
         self.leases: dict[str, Lease] = {}
+        self.unbooked: dict[str, float] = {}  # pooled actors in no book: when first seen
+        self._read_books()
         threading.Thread(target=self._reap_forever, daemon=True).start()
 
     def take(
@@ -82,6 +96,7 @@ class Keeper:
                 self._send_away([e for e in self.idle if e.kind not in wants])
             key = run if all(held.run != run for held in self.leases.values()) else f"{run}-{secrets.token_hex(2)}"
             self.leases[lease] = Lease(who, key, idle_s, taken)
+            self._write_books()
             return key, [(e.kind, e.name, e.handle, e.dirty) for e in taken]
 
     def join(self, lease: str, entries: list[tuple[str, str, Any, dict[str, float]]]) -> None:
@@ -90,6 +105,7 @@ class Keeper:
             self.leases[lease].entries += [
                 Entry(kind, name, handle, resources, placed=False) for kind, name, handle, resources in entries
             ]
+            self._write_books()
 
     def give_back(self, lease: str, clean: list[str]) -> bool:
         """The lease ends: the actors named in `clean` (reset by the borrower) become idle; the
@@ -99,13 +115,14 @@ class Keeper:
             held = self.leases.pop(lease, None)
             if held is None:
                 return False
-            now = time.monotonic()
+            now = time.time()
             keep = [e for e in held.entries if e.name in clean and held.idle_s > 0]
             self._send_away([e for e in held.entries if e not in keep])
             for e in keep:
                 e.since, e.idle_s, e.dirty = now, held.idle_s, False
             self.idle += keep
             self._make_room()
+            self._write_books()
             return True
 
     def idle_resources(self) -> dict[str, float]:
@@ -122,7 +139,7 @@ class Keeper:
         """Idle actors (kind, name, seconds idle, seconds left) and leases (run, borrower, names)."""
         with self.lock:
             self._reclaim()
-            now = time.monotonic()
+            now = time.time()
             return {
                 "idle": [
                     {
@@ -145,6 +162,7 @@ class Keeper:
             self._reclaim()
             gone = len(self.idle)
             self._send_away(list(self.idle))
+            self._write_books()
             return gone, sum(len(held.entries) for held in self.leases.values())
 
     def _send_away(self, entries: list[Entry]) -> None:
@@ -157,7 +175,7 @@ class Keeper:
         """Leases whose borrower died: their coordinators abandon the run, the actors turn idle (dirty)."""
         live_jobs = raystate.live_jobs() if any(h.borrower[0] == "job" for h in self.leases.values()) else set()
         dead = [lease for lease, held in self.leases.items() if not alive(held.borrower, live_jobs)]
-        now = time.monotonic()
+        now = time.time()
         for lease in dead:
             held = self.leases.pop(lease)
             for e in held.entries:
@@ -172,20 +190,72 @@ class Keeper:
             with self.lock:
                 try:
                     self._reclaim()
-                    now = time.monotonic()
+                    now = time.time()
                     self._send_away([e for e in self.idle if now - e.since >= e.idle_s])
                     self._make_room()
+                    self._send_away_orphans(now)
+                    self._write_books()
                 except Exception:  # noqa: BLE001 - the GCS busy or restarting: next time
                     pass
 
-    def _make_room(self) -> None:
-        """While a borrower's new actor waits for resources, idle actors hold none."""
-        waiting = [e for held in self.leases.values() for e in held.entries if not e.placed]
-        for e in waiting:
-            pending = raystate.waiting(e.handle)
-            e.placed = e.placed if pending is None else not pending  # unknown: asked again next time
-        if any(not e.placed for e in waiting):
-            self._send_away(list(self.idle))
+    def _write_books(self) -> None:
+        """The books (names, not handles) to the GCS's key-value store."""
+        fields = [f.name for f in dataclasses.fields(Entry) if f.name != "handle"]
+        entry = lambda e: {name: getattr(e, name) for name in fields}
+        books = {
+            "idle": [entry(e) for e in self.idle],
+            "leases": {
+                lease: {
+                    "borrower": list(held.borrower),
+                    "run": held.run,
+                    "idle_s": held.idle_s,
+                    "entries": [entry(e) for e in held.entries],
+                }
+                for lease, held in self.leases.items()
+            },
+        }
+        raystate.kv_put(BOOKS, json.dumps(books).encode())
+
+    def _read_books(self) -> None:
+        """The books a previous keeper of this cluster wrote, each actor found again by its name
+        (one that is gone is left out)."""
+        saved = raystate.kv_get(BOOKS)
+        if not saved:
+            return
+        books = json.loads(saved)
+
+        def found(fields: dict[str, Any]) -> list[Entry]:
+            try:
+                handle = ray.get_actor(fields["name"], namespace=names.NAMESPACE)
+            except ValueError:  # gone while no keeper watched
+                return []
+            return [Entry(**fields, handle=handle)]
+
+        self.idle = [e for fields in books["idle"] for e in found(fields)]
+        for lease, held in books["leases"].items():
+            entries = [e for fields in held["entries"] for e in found(fields)]
+            self.leases[lease] = Lease(tuple(held["borrower"]), held["run"], held["idle_s"], entries)
+
+    def _send_away_orphans(self, now: float) -> None:
+        """Pooled actors in no book for `ORPHAN_GRACE_S` are sent away."""
+        named = raystate.named_actors(f"{names.KEEPER}:")
+        if named is None:
+            return
+        booked = {e.name for e in self.idle} | {e.name for held in self.leases.values() for e in held.entries}
+        self.unbooked, due = overdue(self.unbooked, named - booked, now)
+        for name in due:
+            try:
+                ray.kill(ray.get_actor(name, namespace=names.NAMESPACE), no_restart=True)
+            except ValueError:  # gone meanwhile
+                pass
+
+
+def overdue(unbooked: dict[str, float], orphans: set[str], now: float) -> tuple[dict[str, float], list[str]]:
+    """The pooled actors in no book (`orphans`) with when each was first seen (`unbooked`, carried
+    from the last look), and those of them unbooked for `ORPHAN_GRACE_S` or more, to send away."""
+    seen = {name: unbooked.get(name, now) for name in orphans}
+    due = sorted(name for name, since in seen.items() if now - since >= ORPHAN_GRACE_S)
+    return {name: since for name, since in seen.items() if name not in due}, due
 
 
 def alive(who: tuple[str, str], live_jobs: set[str]) -> bool:

@@ -79,3 +79,40 @@ def gcs_error(address: str, timeout_s: float) -> BaseException | None:
     except Exception as exc:  # noqa: BLE001 - AuthenticationError, RpcError, or a timeout by version
         return exc
     return None
+
+
+def cluster_gone(timeout_s: float = 2.0) -> bool:
+    """Whether the GCS of the cluster this process joined no longer answers (its head stopped:
+    `rayfl down`, a lost head node), asked for at most `timeout_s`."""
+    import ray
+
+    return gcs_error(ray.get_runtime_context().gcs_address, timeout_s) is not None
+
+
+def kv_get(key: str) -> bytes | None:
+    """The value the GCS's key-value store holds under `key` (namespace `rayfl`), None if none."""
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_get(key, namespace="rayfl")
+
+
+def kv_put(key: str, value: bytes) -> None:
+    """Store `value` under `key` in the GCS's key-value store (namespace `rayfl`): it outlives the
+    process that wrote it, for as long as the cluster lives."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, namespace="rayfl")
+
+
+def named_actors(prefix: str) -> set[str] | None:
+    """The names of the live named actors of namespace `rayfl` starting with `prefix`; None: unknown."""
+    import ray
+
+    try:
+        return {
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "rayfl" and a["name"].startswith(prefix)
+        }
+    except Exception:  # noqa: BLE001 - the GCS busy or restarting
+        return None

@@ -55,7 +55,12 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--num-cpus", type=int, help="CPUs it offers (default: this machine's)")
     up.add_argument("--num-gpus", type=int, help="GPUs it offers (default: those Ray finds)")
     up.add_argument("--dashboard", action="store_true", help="with the dashboard on 127.0.0.1 (a free port)")
-    up.add_argument("--dashboard-port", type=int, metavar="PORT", help="with the dashboard on 127.0.0.1:PORT")
+    up.add_argument(
+        "--dashboard-port",
+        type=int,
+        metavar="PORT",
+        help="with the dashboard on 127.0.0.1:PORT (another free one if it is taken)",
+    )
     sub.add_parser("down", help="stop the local head rayfl up started")
     pool = sub.add_parser("pool", help="the cluster's warm actors: status, or drain the idle ones")
     pool.add_argument("action", choices=["status", "drain"])

@@ -230,7 +230,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
         if record["dashboard"]:
-            print(f"dashboard: {record['dashboard']} (rayfl submit, fetch and pool take it as --address)")
+            taken = args.dashboard_port and not record["dashboard"].endswith(f":{args.dashboard_port}")
+            print(
+                f"dashboard: {record['dashboard']} (rayfl submit, fetch and pool take it as --address)"
+                + (f"; {args.dashboard_port} was taken" if taken else "")
+            )
             print("the browser asks for a token: paste the output of: ray get-auth-token")
         print("for Ray's own CLI (ray job submit, ray status) in your shell: export RAY_AUTH_MODE=token")
     elif args.command == "down":

@@ -13,6 +13,7 @@ from ray.exceptions import ActorUnavailableError
 
 from rayfl.engine import Progress, Start
 
+from .. import raystate
 from ..coordinator.actor import Duty
 
 log = logging.getLogger("rayfl")
@@ -22,7 +23,8 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
     """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
     notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
     died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
-    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice."""
+    and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice.
+    `ClusterGone` when the coordinator is lost with the cluster itself (`rayfl down` mid-run)."""
     last, begin = start.state.round, start
     while True:
         done = coordinator.run.remote(duty, begin)
@@ -39,6 +41,8 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
                     last = max(last, row["round"])
             return ray.get(done)
         except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
+            if raystate.cluster_gone():
+                raise ClusterGone() from None
             log.warning(
                 "the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR"
             )
@@ -54,8 +58,18 @@ def wait_until_answers(actor: Any, timeout_s: float) -> None:
             ray.get(actor.progress.remote(), timeout=max(1.0, timeout_s - (time.monotonic() - started)))
             return
         except (ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if raystate.cluster_gone():
+                raise ClusterGone() from None
             if time.monotonic() - started > timeout_s:
                 raise RuntimeError(
                     f"the coordinator actor did not come back within ray.actor_timeout_s = {timeout_s:g} s"
                 ) from None
             time.sleep(0.5)
+
+
+class ClusterGone(RuntimeError):
+    """The cluster stopped under a run (its head's GCS no longer answers): nothing of it is left to
+    hand back, and the run continues from RUN_DIR with `--resume`."""
+
+    def __init__(self) -> None:
+        super().__init__("the cluster stopped under the run (its head no longer answers)")

@@ -51,10 +51,16 @@ def joining(address: str | None) -> str | None:
     return address
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(preferred: int = 0) -> int:
+    """A port on 127.0.0.1 nothing listens on: `preferred` when it is free, else one the system picks."""
+    for port in (preferred, 0) if preferred else (0,):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken (another head's dashboard, say)
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port on 127.0.0.1")
 
 
 SERVICES = (
@@ -82,8 +88,8 @@ def up(
     dashboard_port: int | None = None,
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
-    """Start the kept head (or return the one up); its record. Every port is a free one but the
-    dashboard's when `dashboard_port` names it."""
+    """Start the kept head (or return the one up); its record. Every port is a free one, the
+    dashboard's `dashboard_port` when that one is free (a second head on the host takes another)."""
     record = kept()
     if record is not None:
         return record
@@ -91,7 +97,7 @@ def up(
     token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
-    port, dash = free_port(), dashboard_port or free_port()
+    port, dash = free_port(), free_port(dashboard_port or 0)
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []

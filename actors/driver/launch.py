@@ -28,7 +28,7 @@ from ..coordinator.actor import Coordinator, Duty
 from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .cluster import check_fits_here, connect
-from .follow import follow
+from .follow import ClusterGone, follow
 
 log = logging.getLogger("rayfl")
 
@@ -53,7 +53,7 @@ def launch(
         check_fits_here(config)
     connected = connect(address, config.ray.dashboard)
     phase("ray_start")
-    crew = None
+    crew, gone = None, False
     try:
         crew = gather(config, run_id, pooled=running and config.ray.pool_idle_s > 0)
         duty = Duty([ray.put(fed)], crew.clients, str(run_dir), crew.key)
@@ -64,8 +64,11 @@ def launch(
         summary = follow(crew.coordinator, duty, start, progress, config.ray.actor_timeout_s)
         phase("rounds")
         return summary
+    except ClusterGone:
+        gone = True  # no actor to hand back, no cluster to leave: Ray's calls would wait for its GCS
+        raise
     finally:
-        if crew is not None:
+        if crew is not None and not gone:
             release(crew, config.ray.actor_timeout_s)
         if connected:
             ray.shutdown()

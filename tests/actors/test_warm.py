@@ -14,7 +14,8 @@ from actors import names
 from actors.driver import pool
 from rayfl import api
 from rayfl.config.load import load_config
-from tests.actors.drills import checkpoint_of
+from rayfl.runner import run_local
+from tests.actors.drills import checkpoint_of, once_written
 from tests.actors.test_ray_runner import tables
 
 pytestmark = pytest.mark.ray
@@ -152,13 +153,15 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
     )  # resources and device key them too
 
 
-def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(tmp_path):
+def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(ray_cluster, tmp_path):
+    """Beside another Ray head on the host (this session's, on Ray's default agent ports): the kept
+    head takes free ports for every service, so it runs jobs too."""
     env = {**os.environ, "HOME": str(tmp_path / "home")}  # its own ~/rayfl/head.json and token
     env.pop("RAY_ADDRESS", None)
     rayfl = lambda *args: subprocess.run(
         [sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300
     )
-    up = rayfl("up", "--num-cpus", "2")
+    up = rayfl("up", "--num-cpus", "2", "--dashboard")
     assert up.returncode == 0 and "a local Ray head is up at 127.0.0.1:" in up.stdout, up.stderr
     record = __import__("json").loads((tmp_path / "home" / "rayfl" / "head.json").read_text())
     try:
@@ -173,9 +176,82 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
             status.stdout
         )
         pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
+        job = rayfl(
+            "submit",
+            "--set",
+            "federation.rounds=1",
+            "--set",
+            "model.name=mlp",
+            "--address",
+            record["dashboard"],
+            "--wait",
+        )
+        assert job.returncode == 0 and "final test accuracy" in job.stdout, job.stdout[-1000:] + job.stderr[-2000:]
+        going = tmp_path / "going"  # a run that `rayfl down` stops under it
+        run = subprocess.Popen(
+            [sys.executable, "-m", "rayfl", "run", "--set", "model.name=mlp", "--set", "federation.rounds=100000"]
+            + ["--set", "federation.checkpoint_every=1", "--out", str(going)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        while not checkpoint_of(going, 1).exists() and run.poll() is None:
+            time.sleep(0.05)
     finally:
         down = rayfl("down")
     assert down.returncode == 0 and down.stdout.strip() == "rayfl: the local head is down"
+    err = run.communicate(timeout=120)[1]
+    assert run.returncode == 1 and err.splitlines()[-1] == (
+        "rayfl: run failed: the cluster stopped under the run (its head no longer answers); continue it with: rayfl "
+        f"run --resume {going}"
+    ), err[-3000:]
     with pytest.raises(ProcessLookupError):
         os.killpg(record["pid"], 0)  # the whole process group is gone
     assert rayfl("pool", "status").returncode == 2  # no running cluster any more
+
+
+def keeper_status_after_its_restart(ray, timeout_s=120):
+    """The keeper's status once Ray has restarted it (calls fail while it is down)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(pool.keeper(create=False).status.remote(), timeout=10)
+        except (ray.exceptions.RayError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_keeper_killed_mid_run_reads_its_books_back_and_the_run_hands_its_actors_back(ray_cluster, tmp_path):
+    """Issue: Ray restarted a killed keeper with empty books; its idle actors kept both CPUs,
+    `pool status` showed 0 and `drain` freed nothing."""
+    ray_cluster.get(pool.keeper().drain.remote())
+    cfg = load_config(None, ["federation.rounds=3", "ray.num_actors=2", "federation.checkpoint_every=1"])
+    run_dir = tmp_path / "run"
+    killer = once_written(
+        checkpoint_of(run_dir, 1), lambda: ray_cluster.kill(pool.keeper(create=False), no_restart=False)
+    )
+    api.run(cfg, run_dir)
+    killer.join()
+    status = keeper_status_after_its_restart(ray_cluster)
+    assert status["leased"] == [] and len(status["idle"]) == 3  # the run's coordinator host and 2 clients
+    run_local(cfg, tmp_path / "in-process")
+    for got, want in zip(tables(run_dir), tables(tmp_path / "in-process")):
+        pd.testing.assert_frame_equal(got, want)
+    gone, leased = ray_cluster.get(pool.keeper().drain.remote())
+    assert (gone, leased) == (3, 0)
+    deadline = time.monotonic() + 60
+    while ray_cluster.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the idle actors' CPUs come back once Ray has stopped them
+    assert ray_cluster.available_resources().get("CPU", 0) == 2
+
+
+def test_a_pooled_actor_in_no_book_is_sent_away_after_its_grace():
+    from actors.keeper import ORPHAN_GRACE_S, overdue
+
+    unbooked, due = overdue({}, {"a", "b"}, now=100.0)
+    assert unbooked == {"a": 100.0, "b": 100.0} and due == []
+    unbooked, due = overdue(unbooked, {"a", "b", "c"}, now=100.0 + ORPHAN_GRACE_S - 0.5)
+    assert due == [] and unbooked["c"] == 100.0 + ORPHAN_GRACE_S - 0.5
+    unbooked, due = overdue(unbooked, {"a", "c"}, now=100.0 + ORPHAN_GRACE_S)  # b was booked meanwhile
+    assert due == ["a"] and unbooked == {"c": 100.0 + ORPHAN_GRACE_S - 0.5}
