@@ -1,6 +1,6 @@
 """Setup time, per-round time and peak memory against the number of logical clients.
 
-For each N it runs a fresh process: FedAvg on `synthetic` (each client generated from its own
+For each N it runs a fresh process: FedAvg (or `--algorithm`) on `synthetic` (each client generated from its own
 key, an MLP) and on `digits` with a lazily drawn Dirichlet(0.5) partition (`sampled`, 50
 samples a client), 10 clients a round, 4 rounds, in process. It prints the setup time (from
 loading the config to the first round's start: building the federation and, on Ray, starting
@@ -11,7 +11,12 @@ actors and Ray's own processes; the driver's and actors' as sampled every 0.2 s)
 With `--devices diurnal` the clients are online 30% of the day in sessions (docs/devices.md) and
 half of them arrive over the run, one a second.
 
+An algorithm that works over every client (`Algorithm.over_every_client`: HeteroFL, FeDepth,
+DepthFL, InclusiveFL, split learning) refuses a population past its bound before it starts; its
+row then says so.
+
     python bench/scale.py [--clients 1e3 1e4 1e5 1e6 1e7] [--data synthetic digits] [--ray] [--devices static|diurnal]
+                          [--algorithm fedavg]
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ DEVICES = {  # --devices: who is there and online
 }
 
 
-def one(data: str, n: int, on_ray: bool, devices: str) -> dict:
+def one(data: str, n: int, on_ray: bool, devices: str, algorithm: str) -> dict:
     """One point, in this process (run by the parent in a fresh interpreter)."""
     import resource
     import tempfile
@@ -51,6 +56,7 @@ def one(data: str, n: int, on_ray: bool, devices: str) -> dict:
     from rayfl.config.load import load_config
 
     sets = [
+        f"algorithm.name={algorithm}",
         *DATA[data],
         f"data.num_clients={n}",
         f"federation.rounds={ROUNDS}",
@@ -113,13 +119,14 @@ def main() -> None:
         default="static",
         help="diurnal: diurnal availability and arrivals (docs/devices.md)",
     )
+    parser.add_argument("--algorithm", default="fedavg", help="the algorithm to run (default fedavg)")
     parser.add_argument("--one", nargs=2, metavar=("DATA", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices)))
+        print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices, args.algorithm)))
         return
     print(
-        f"FedAvg, MLP, 10 clients a round, {ROUNDS} rounds, "
+        f"{args.algorithm}, MLP, 10 clients a round, {ROUNDS} rounds, "
         f"{'on Ray (2 client actors)' if args.ray else 'in process'}, devices {args.devices}; round = mean of rounds "
         f"2-{ROUNDS}"
     )
@@ -136,14 +143,15 @@ def main() -> None:
                 str(int(n)),
                 "--devices",
                 args.devices,
+                "--algorithm",
+                args.algorithm,
                 *(["--ray"] if args.ray else []),
             ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                print(
-                    f"| {data} | {int(n):,} | stopped: {(done.stderr.strip().splitlines() or ['killed'])[-1][:120]} "
-                    "| | |"
-                )
+                last = (done.stderr.strip().splitlines() or ["killed"])[-1]
+                said = last.split("ConfigError: ", 1)[-1] if "ConfigError: " in last else f"stopped: {last}"
+                print(f"| {data} | {int(n):,} | {said[:200]} | | |")
                 break
             r = json.loads(done.stdout.strip().splitlines()[-1])
             base = base or r["round_s"]

@@ -1,7 +1,8 @@
 """The slowest input a run accepts: YAML files at the limits (`rayfl.config.MAX_YAML_BYTES`,
 `MAX_YAML_NODES`), each timed from its bytes to a validated config (`rayfl.config.load.load_config`,
-and for a device profile `rayfl.devices.profile.load_profile` too: parsing, then the whole schema). Every accepted file must
-take under 2 s on the 2-core machine; the files just past a limit are refused at once.
+and for a device profile `rayfl.devices.profile.load_profile` too: parsing, then the whole
+schema). Every accepted file must take under 2 s on the 2-core machine; the files just past a
+limit are refused at once.
 
     python bench/yaml_limits.py
 """

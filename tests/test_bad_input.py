@@ -310,3 +310,27 @@ def test_gpus_this_machine_lacks_are_refused_before_a_local_cluster_starts(tmp_p
         == "rayfl: error: ray.num_actors: 1 client actors x 0.5 GPU need 0.5 GPU; the cluster has 0"
     ), done.stderr
     assert list(tmp_path.iterdir()) == []  # no RUN_DIR, and no Ray session folder: no cluster started
+
+
+BOUNDED = {
+    **dict.fromkeys(["heterofl", "alllarge", "allsmall", "exclusivefl"], 10_000),  # HeteroFL and its baselines
+    **dict.fromkeys(["fedepth", "mfedepth", "depthfl", "splitmix"], 10_000),  # FeDepth's family
+    **dict.fromkeys(["inclusivefl", "alllarge_depth", "allsmall_depth", "exclusivefl_depth"], 10_000),
+    "sfl": 10_000,
+    **dict.fromkeys(["mergesfl", "adasfl"], 1_000),  # a selection over every worker each round
+}
+
+
+def test_algorithms_that_work_over_every_client_refuse_a_population_past_their_bound():
+    """Issue: HeteroFL at 10^9 lazily drawn clients looped over every client for minutes, neither
+    refused nor bounded. Those algorithms name their bound; the lazily drawn ones take 10^9."""
+    from rayfl.algorithms import registry
+    from rayfl.config import ConfigError
+    from rayfl.config.load import load_config
+
+    assert {n: a.max_clients for n, a in registry.algorithms().items() if a.over_every_client} == BOUNDED
+    for name, bound in BOUNDED.items():
+        assert load_config(None, [f"algorithm.name={name}", f"data.num_clients={bound}"]).data.num_clients == bound
+        with pytest.raises(ConfigError, match=rf"^data.num_clients: {name} works over every client \(.+\): at most "):
+            load_config(None, [f"algorithm.name={name}", f"data.num_clients={bound + 1}"])
+    assert load_config(None, ["data.num_clients=1000000000"]).data.num_clients == 10**9  # fedavg: lazily drawn

@@ -382,5 +382,6 @@ DEPTHFL = register(
         DepthFLClient,
         FEDEPTH_MODELS,
         default_profile="fedepth_fair",
+        over_every_client="depths from memory budgets",
     )
 )

@@ -385,4 +385,15 @@ for _config, _summary in (
     (ExclusiveFLDepthConfig, "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only"),
 ):
     _name = _config.model_fields["name"].default
-    register(Algorithm(_name, _summary, _config, InclusiveFLPolicy, FedAvgClient, DEPTH_MODELS, vectorizable=True))
+    register(
+        Algorithm(
+            _name,
+            _summary,
+            _config,
+            InclusiveFLPolicy,
+            FedAvgClient,
+            DEPTH_MODELS,
+            vectorizable=True,
+            over_every_client="depth groups, the clients a round may draw",
+        )
+    )

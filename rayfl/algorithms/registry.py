@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from .. import catalog
 from ..catalog import PLUGINS
-from ..config import AlgorithmConfig, ConfigError
+from ..config import MAX_CLIENTS, WHOLE_POPULATION, AlgorithmConfig, ConfigError
 from .base import ClientProcedure, ServerPolicy
 
 SYNC_ONLY = "its aggregation waits for every selected client, and rayfl has no rule for its stale or missing updates"
@@ -52,6 +52,23 @@ class Algorithm:
     """Why the algorithm runs in synchronous rounds only (`federation.mode: sync`), or None when
     it runs in every mode: its policy aggregates updates rebased onto the current model
     (`rayfl.algorithms.staleness`), each a leading block of the global tensors."""
+
+    over_every_client: str | None = None
+    """What the algorithm computes over every client of the population (HeteroFL's "label histogram,
+    levels, per-client evaluation"), or None: it touches only the clients a round
+    draws, so a population of up to `MAX_CLIENTS` is drawn lazily (FedAvg's keyed draws). With a
+    reason, `data.num_clients` is bounded by `max_clients` (`check_population`)."""
+    max_clients: int = WHOLE_POPULATION
+
+    def check_population(self, num_clients: int) -> None:
+        """`ConfigError` naming `data.num_clients` when this algorithm computes over every client and
+        the population exceeds its `max_clients`: refused before the run, rather than a setup or
+        rounds whose time and memory grow with the population."""
+        if self.over_every_client and num_clients > self.max_clients:
+            raise ConfigError(
+                f"data.num_clients: {self.name} works over every client ({self.over_every_client}): at most "
+                f"{self.max_clients}, not {num_clients} (fedavg draws clients lazily, up to {MAX_CLIENTS:.0e})"
+            )
 
     def check_mode(self, mode: str) -> None:
         """`ConfigError` naming `federation.mode` when the algorithm cannot run in `mode`."""

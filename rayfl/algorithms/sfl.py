@@ -69,5 +69,6 @@ SFL = register(
         SplitClient,
         SPLIT_MODELS,
         sync_only=SPLIT_SYNC,
+        over_every_client="which workers hold data, each round",
     )
 )

@@ -258,5 +258,6 @@ SPLITMIX = register(
         SplitMixClient,
         FEDEPTH_MODELS,
         default_profile="fedepth_fair",
+        over_every_client="base networks per budget",
     )
 )

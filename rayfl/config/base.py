@@ -21,6 +21,9 @@ MAX_ROUNDS = 1_000_000
 """`federation.rounds` at most: per-round tables (the lr schedule) stay a few megabytes."""
 MAX_CLIENTS = 1_000_000_000
 """`data.num_clients` at most (logical clients are drawn lazily)."""
+WHOLE_POPULATION = 10_000
+"""`data.num_clients` at most for an algorithm that computes over every client at setup or each
+round (`rayfl.algorithms.registry.Algorithm.over_every_client`), so its time and memory stay bounded."""
 MAX_PER_ROUND = 100_000
 """Clients a round selects (or keeps in flight) at most."""
 MAX_ACTORS = 10_000

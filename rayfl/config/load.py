@@ -143,6 +143,7 @@ def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
     except ValidationError as exc:
         raise ConfigError(format_error(exc, raw, RunConfig)) from None
     algorithm.check_mode(config.federation.mode)
+    algorithm.check_population(config.data.num_clients)
     if issubclass(algorithm.policy, ChecksConfig):  # options it cannot honour
         algorithm.policy.check_config(config)
     return config

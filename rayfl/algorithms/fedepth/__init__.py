@@ -39,6 +39,8 @@ from .client import FeDepthClient, mkd_loss, train_stage
 from .memory import decompose, measure_layers, plan
 from .policy import FEDEPTH_MODELS, FeDepthConfig, FeDepthPolicy, FeDepthTask, MFeDepthConfig, MFeDepthPolicy
 
+OVER_EVERY_CLIENT = "memory budgets, the depth-wise plan each fits"
+
 FEDEPTH = register(
     Algorithm(
         "fedepth",
@@ -48,9 +50,12 @@ FEDEPTH = register(
         FeDepthClient,
         FEDEPTH_MODELS,
         default_profile="fedepth_fair",
+        over_every_client=OVER_EVERY_CLIENT,
     )
 )
-MFEDEPTH = register(
+MOVER_EVERY_CLIENT = "memory budgets, the depth-wise plan each fits"
+
+FEDEPTH = register(
     Algorithm(
         "mfedepth",
         "m-FeDepth (Zhang et al. 2023): depth-wise training with auxiliary classifiers per block",
@@ -59,6 +64,7 @@ MFEDEPTH = register(
         FeDepthClient,
         FEDEPTH_MODELS,
         default_profile="fedepth_fair",
+        over_every_client=OVER_EVERY_CLIENT,
     )
 )
 

@@ -41,6 +41,8 @@ RECIPE = {"model.norm": "sbn"}
 tracked in training would mix sub-models of different widths (with them the global model stays at
 chance on the default data, 0.10 after 20 rounds, against 0.95 with static BN)."""
 
+OVER_EVERY_CLIENT = "label histogram, levels, per-client evaluation"
+
 HETEROFL = register(
     Algorithm(
         "heterofl",
@@ -51,6 +53,7 @@ HETEROFL = register(
         defaults=RECIPE,
         vectorizable=True,
         sync_only=None,
+        over_every_client=OVER_EVERY_CLIENT,
     )
 )
 
@@ -76,6 +79,7 @@ for _name, _summary, _config, _profile in (
             defaults=RECIPE,
             vectorizable=True,
             sync_only=None,
+            over_every_client=OVER_EVERY_CLIENT,
         )
     )
 

@@ -235,6 +235,8 @@ class AdaSFLConfig(MergeSFLConfig):
     kl_aware: bool = False
 
 
+OVER_EVERY_WORKER = "Eq. 9 over all workers, label distributions, genetic selection over every worker"
+
 register(
     Algorithm(
         "adasfl",
@@ -244,6 +246,8 @@ register(
         SplitClient,
         SPLIT_MODELS,
         sync_only=SPLIT_SYNC,
+        over_every_client=OVER_EVERY_WORKER,
+        max_clients=1_000,
     )
 )
 
@@ -256,5 +260,7 @@ MERGESFL = register(
         SplitClient,
         SPLIT_MODELS,
         sync_only=SPLIT_SYNC,
+        over_every_client=OVER_EVERY_WORKER,
+        max_clients=1_000,
     )
 )
