@@ -198,6 +198,15 @@ class Keeper:
                 except Exception:  # noqa: BLE001 - the GCS busy or restarting: next time
                     pass
 
+    def _make_room(self) -> None:
+        """While a borrower's new actor waits for resources, idle actors hold none."""
+        waiting = [e for held in self.leases.values() for e in held.entries if not e.placed]
+        for e in waiting:
+            pending = raystate.waiting(e.handle)
+            e.placed = e.placed if pending is None else not pending  # unknown: asked again next time
+        if any(not e.placed for e in waiting):
+            self._send_away(list(self.idle))
+
     def _write_books(self) -> None:
         """The books (names, not handles) to the GCS's key-value store."""
         fields = [f.name for f in dataclasses.fields(Entry) if f.name != "handle"]
