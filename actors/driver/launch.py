@@ -97,7 +97,7 @@ def gather(config: RunConfig, run_id: str, pooled: bool) -> Crew:
     room = dict(ray.available_resources())
     keeper = pool.keeper() if pooled else None
     if keeper is not None:
-        for key, value in ray.get(keeper.idle_resources.remote()).items():
+        for key, value in pool.ask(lambda k: k.idle_resources.remote(), keeper).items():
             room[key] = room.get(key, 0.0) + value
     resources = config.resources
     count = resources.count(room)
@@ -130,11 +130,8 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
         ray_cfg.cpus_per_actor, ray_cfg.gpus_per_actor, ray_cfg.coordinator_node, ray_cfg.coordinator_restarts
     )
     lease = secrets.token_hex(8)
-    key, taken = ray.get(
-        keeper.take.remote(
-            lease, pool.borrower(), run_id, ray_cfg.pool_idle_s, {kind_coordinator: 1, kind_client: count}
-        )
-    )
+    who, wants = pool.borrower(), {kind_coordinator: 1, kind_client: count}
+    key, taken = pool.ask(lambda k: k.take.remote(lease, who, run_id, ray_cfg.pool_idle_s, wants), keeper)
     try:
         return completed(config, taken, count, keeper, lease, key, (kind_coordinator, kind_client))
     except BaseException:  # the lease ends with the error: its actors leave (never handed back half reset)
@@ -162,7 +159,7 @@ def completed(
         clients.append((name, handle, False))
         new.append((kind_client, name, handle, config.resources.each))
     if new:
-        ray.get(keeper.join.remote(lease, new))
+        pool.ask(lambda k: k.join.remote(lease, new), keeper)
     crew = [*coordinator, *clients]
     return Crew(coordinator[0][1], [h for _, h, _ in clients], [n for n, _, _ in crew], key, lease)
 
@@ -191,7 +188,7 @@ def release(crew: Crew, timeout_s: float) -> None:
     except ray.exceptions.RayError:
         pass
     finally:
-        if not ray.get(pool.keeper().give_back.remote(crew.lease, clean)):
+        if not pool.ask(lambda k: k.give_back.remote(crew.lease, clean)):
             for actor in actors:
                 ray.kill(actor, no_restart=True)
 

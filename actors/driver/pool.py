@@ -4,9 +4,11 @@ process: `actors/keeper.py`."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from .. import names
 from ..keeper import Keeper
@@ -38,6 +40,24 @@ def keeper(create: bool = True) -> Any:
     ).remote()
 
 
+KEEPER_WAIT_S = 60.0
+"""Seconds a call to the keeper is asked again while Ray restarts it."""
+
+
+def ask(call: Callable[[Any], Any], keep: Any = None) -> Any:
+    """The answer to `call(keeper)` (a remote call), asked again while Ray restarts the keeper (its
+    process died: its calls fail until the new one has read its books back), for at most
+    `KEEPER_WAIT_S`."""
+    deadline = time.monotonic() + KEEPER_WAIT_S
+    while True:
+        try:
+            return ray.get(call(keep if keep is not None else keeper()))
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def pool_command(action: str) -> str:
     """`rayfl pool status` (what is idle, what is leased) or `rayfl pool drain` (idle actors sent
     away), on the cluster this process joined; the lines to print."""
@@ -45,9 +65,9 @@ def pool_command(action: str) -> str:
     if keep is None:
         return "no warm pool on this cluster (no run has borrowed from it)"
     if action == "drain":
-        gone, leased = ray.get(keep.drain.remote())
+        gone, leased = ask(lambda k: k.drain.remote(), keep)
         return f"{gone} idle actors sent away; {leased} leased to runs still going"
-    status = ray.get(keep.status.remote())
+    status = ask(lambda k: k.status.remote(), keep)
     lines = [f"{len(status['idle'])} idle, {sum(len(held['actors']) for held in status['leased'])} leased"]
     for e in status["idle"]:
         lines.append(

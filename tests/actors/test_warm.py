@@ -210,18 +210,6 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
     assert rayfl("pool", "status").returncode == 2  # no running cluster any more
 
 
-def keeper_status_after_its_restart(ray, timeout_s=120):
-    """The keeper's status once Ray has restarted it (calls fail while it is down)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return ray.get(pool.keeper(create=False).status.remote(), timeout=10)
-        except (ray.exceptions.RayError, ValueError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_a_keeper_killed_mid_run_reads_its_books_back_and_the_run_hands_its_actors_back(ray_cluster, tmp_path):
     """Issue: Ray restarted a killed keeper with empty books; its idle actors kept both CPUs,
     `pool status` showed 0 and `drain` freed nothing."""
@@ -233,7 +221,7 @@ def test_a_keeper_killed_mid_run_reads_its_books_back_and_the_run_hands_its_acto
     )
     api.run(cfg, run_dir)
     killer.join()
-    status = keeper_status_after_its_restart(ray_cluster)
+    status = pool.ask(lambda k: k.status.remote())  # asked again while Ray restarts it
     assert status["leased"] == [] and len(status["idle"]) == 3  # the run's coordinator host and 2 clients
     run_local(cfg, tmp_path / "in-process")
     for got, want in zip(tables(run_dir), tables(tmp_path / "in-process")):
