@@ -16,7 +16,7 @@ DepthFL, InclusiveFL, split learning) refuses a population past its bound before
 row then says so.
 
     python bench/scale.py [--clients 1e3 1e4 1e5 1e6 1e7] [--data synthetic digits] [--ray] [--devices static|diurnal]
-                          [--algorithm fedavg]
+                          [--algorithm fedavg] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEVICES = {  # --devices: who is there and online
 }
 
 
-def one(data: str, n: int, on_ray: bool, devices: str, algorithm: str) -> dict:
+def one(data: str, n: int, on_ray: bool, devices: str, algorithm: str, extra: list[str]) -> dict:
     """One point, in this process (run by the parent in a fresh interpreter)."""
     import resource
     import tempfile
@@ -63,6 +63,7 @@ def one(data: str, n: int, on_ray: bool, devices: str, algorithm: str) -> dict:
         "federation.checkpoint_every=0",
         "ray.num_actors=2",
         "ray.dashboard=false",
+        *extra,
     ]
     sets += [s.replace("HALF", str(n // 2)) for s in DEVICES[devices]]
     start = time.perf_counter()
@@ -120,10 +121,11 @@ def main() -> None:
         help="diurnal: diurnal availability and arrivals (docs/devices.md)",
     )
     parser.add_argument("--algorithm", default="fedavg", help="the algorithm to run (default fedavg)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides")
     parser.add_argument("--one", nargs=2, metavar=("DATA", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices, args.algorithm)))
+        print(json.dumps(one(args.one[0], int(float(args.one[1])), args.ray, args.devices, args.algorithm, args.set)))
         return
     print(
         f"{args.algorithm}, MLP, 10 clients a round, {ROUNDS} rounds, "
@@ -145,6 +147,7 @@ def main() -> None:
                 args.devices,
                 "--algorithm",
                 args.algorithm,
+                *(f"--set={kv}" for kv in args.set),
                 *(["--ray"] if args.ray else []),
             ]
             done = subprocess.run(cmd, capture_output=True, text=True)
