@@ -114,19 +114,31 @@ def up(
         "log": str(log),
     }
     deadline = time.monotonic() + timeout_s
-    while True:
+    while not answers(port, record["dashboard"]):  # its GCS, and its dashboard: what rayfl submit probes
         if proc.poll() is not None:
             raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                stop(proc.pid)
-                raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}") from None
-            time.sleep(0.2)
+        if time.monotonic() > deadline:
+            stop(proc.pid)
+            raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}")
+        time.sleep(0.2)
     RECORD.write_text(json.dumps(record))
     return record
+
+
+def answers(port: int, dashboard: str | None) -> bool:
+    """Whether the head's GCS accepts a connection and its dashboard (if any) answers HTTP."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        if dashboard:
+            urllib.request.urlopen(f"{dashboard}/api/version", timeout=1.0).close()
+    except urllib.error.HTTPError:  # it answers (401 without a token)
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def down(timeout_s: float = 3.0) -> dict[str, Any] | None:

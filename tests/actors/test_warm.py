@@ -156,8 +156,8 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
 def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(ray_cluster, tmp_path):
     """Beside another Ray head on the host (this session's, on Ray's default agent ports): the kept
     head takes free ports for every service, so it runs jobs too."""
-    env = {**os.environ, "HOME": str(tmp_path / "home")}  # its own ~/rayfl/head.json and token
-    env.pop("RAY_ADDRESS", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # nothing of this session's Ray
+    env["HOME"] = str(tmp_path / "home")  # its own ~/rayfl/head.json and token
     rayfl = lambda *args: subprocess.run(
         [sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300
     )
