@@ -71,6 +71,7 @@ class Keeper:
         self.idle: list[Entry] = []  # most recently used last
         self.leases: dict[str, Lease] = {}
         self.unbooked: dict[str, float] = {}  # pooled actors in no book: when first seen
+        self.written = b""  # the books as last written to the GCS
         self._read_books()
         threading.Thread(target=self._reap_forever, daemon=True).start()
 
@@ -223,12 +224,15 @@ class Keeper:
                 for lease, held in self.leases.items()
             },
         }
-        raystate.kv_put(BOOKS, json.dumps(books).encode())
+        written = json.dumps(books).encode()
+        if written != self.written:  # the reaper asks every second: the GCS is written on a change only
+            raystate.kv_put(BOOKS, written, names.NAMESPACE)
+            self.written = written
 
     def _read_books(self) -> None:
         """The books a previous keeper of this cluster wrote, each actor found again by its name
         (one that is gone is left out)."""
-        saved = raystate.kv_get(BOOKS)
+        saved = raystate.kv_get(BOOKS, names.NAMESPACE)
         if not saved:
             return
         books = json.loads(saved)
@@ -247,7 +251,7 @@ class Keeper:
 
     def _send_away_orphans(self, now: float) -> None:
         """Pooled actors in no book for `ORPHAN_GRACE_S` are sent away."""
-        named = raystate.named_actors(f"{names.KEEPER}:")
+        named = raystate.named_actors(names.NAMESPACE, f"{names.KEEPER}:")
         if named is None:
             return
         booked = {e.name for e in self.idle} | {e.name for held in self.leases.values() for e in held.entries}

@@ -89,30 +89,30 @@ def cluster_gone(timeout_s: float = 2.0) -> bool:
     return gcs_error(ray.get_runtime_context().gcs_address, timeout_s) is not None
 
 
-def kv_get(key: str) -> bytes | None:
-    """The value the GCS's key-value store holds under `key` (namespace `rayfl`), None if none."""
+def kv_get(key: str, namespace: str) -> bytes | None:
+    """The value the GCS's key-value store holds under `key` in `namespace`, None if none."""
     from ray.experimental import internal_kv
 
-    return internal_kv._internal_kv_get(key, namespace="rayfl")
+    return internal_kv._internal_kv_get(key, namespace=namespace)
 
 
-def kv_put(key: str, value: bytes) -> None:
-    """Store `value` under `key` in the GCS's key-value store (namespace `rayfl`): it outlives the
+def kv_put(key: str, value: bytes, namespace: str) -> None:
+    """Store `value` under `key` in `namespace` of the GCS's key-value store: it outlives the
     process that wrote it, for as long as the cluster lives."""
     from ray.experimental import internal_kv
 
-    internal_kv._internal_kv_put(key, value, namespace="rayfl")
+    internal_kv._internal_kv_put(key, value, namespace=namespace)
 
 
-def named_actors(prefix: str) -> set[str] | None:
-    """The names of the live named actors of namespace `rayfl` starting with `prefix`; None: unknown."""
+def named_actors(namespace: str, prefix: str) -> set[str] | None:
+    """The names of the live named actors of `namespace` starting with `prefix`; None: unknown."""
     import ray
 
     try:
         return {
             a["name"]
             for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == "rayfl" and a["name"].startswith(prefix)
+            if a["namespace"] == namespace and a["name"].startswith(prefix)
         }
     except Exception:  # noqa: BLE001 - the GCS busy or restarting
         return None

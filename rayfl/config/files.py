@@ -68,9 +68,8 @@ def format_error(err: ValidationError, raw: Any, schema: type[BaseModel], prefix
     where = shown_key(".".join([*prefix, *loc]))
     if first["type"] == "missing" and isinstance(first["input"], list) and isinstance(first["loc"][-1], int):
         short = [e["loc"][-1] for e in errors if e["type"] == "missing" and e["loc"][:-1] == first["loc"][:-1]]
-        given = len(
-            first["input"]
-        )  # a fixed-length list ([low, high]) given too few items: pydantic says "Field required"
+        # a fixed-length list ([low, high]) given too few items, which pydantic calls "Field required"
+        given = len(first["input"])
         return f"{where}: {given} item{'' if given == 1 else 's'} given; it takes {max(short) + 1}"
     messages: list[str] = []
     for e in errors:  # the branches of a union fail together at one key: say what each wanted
@@ -299,9 +298,9 @@ def absolute_paths(raw: Mapping[str, Any], folder: str | Path) -> dict[str, Any]
         value = node.get(key) if isinstance(node, dict) else None
         if not isinstance(value, str) or not value:
             continue
-        candidate = checked_path(Path(folder) / value, f"{section}.{key}")
-        if always or candidate.exists():
-            node[key] = str(candidate) if not Path(value).expanduser().is_absolute() else value
+        candidate = checked_path(Path(folder) / value, f"{section}.{key}")  # an absolute value: itself
+        if not Path(value).expanduser().is_absolute() and (always or candidate.exists()):
+            node[key] = str(candidate)
     return out
 
 
