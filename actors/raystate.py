@@ -82,11 +82,19 @@ def gcs_error(address: str, timeout_s: float) -> BaseException | None:
 
 
 def cluster_gone(timeout_s: float = 2.0) -> bool:
-    """Whether the GCS of the cluster this process joined no longer answers (its head stopped:
-    `rayfl down`, a lost head node), asked for at most `timeout_s`."""
+    """Whether the head of the cluster this process joined is gone (`rayfl down`, a lost head
+    node): its GCS port refuses a connection, or none is made within `timeout_s`. A GCS that is
+    only slow to answer (a loaded machine) still accepts connections, so it never counts as gone."""
+    import socket
+
     import ray
 
-    return gcs_error(ray.get_runtime_context().gcs_address, timeout_s) is not None
+    host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:  # refused, unreachable or timed out
+        return True
+    return False
 
 
 def kv_get(key: str, namespace: str) -> bytes | None:

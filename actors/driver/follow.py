@@ -32,7 +32,7 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
             finished = False
             while not finished:
                 finished = bool(ray.wait([done], timeout=0.5)[0])
-                rows, notes = ray.get(coordinator.progress.remote())
+                rows, notes = answer(coordinator.progress.remote())
                 for note in notes:
                     log.warning(note)
                 for row in rows:
@@ -48,6 +48,16 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
             )
             wait_until_answers(coordinator, timeout_s)
             begin = None
+
+
+def answer(ref: ray.ObjectRef, every_s: float = 2.0) -> Any:
+    """The value of `ref`, asking every `every_s` seconds while it is pending whether the cluster
+    is still there: a call to an actor of a cluster whose head stopped waits for Ray's GCS
+    reconnection (a minute), after which Ray ends the process without a word (`ClusterGone`)."""
+    while not ray.wait([ref], timeout=every_s)[0]:
+        if raystate.cluster_gone():
+            raise ClusterGone() from None
+    return ray.get(ref)
 
 
 def wait_until_answers(actor: Any, timeout_s: float) -> None:
