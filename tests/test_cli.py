@@ -160,6 +160,11 @@ BAD_INPUTS = [
         "federation.deadline.deadline_s: Input should be greater than 0",
     ),
     (
+        ["--set", "federation.mode=deadline", "--set", "federation.deadline.min_reports=11"],
+        "federation.deadline.min_reports (11) exceeds K = 10, the updates that close a round: every round would be "
+        "abandoned",
+    ),
+    (
         ["--set", "federation.mode=async", "--set", "federation.async.buffer_size=11"],
         "federation.async.buffer_size (11) exceeds the clients in flight, federation.async.concurrency (10)",
     ),

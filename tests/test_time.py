@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from rayfl import checkpoint, timeline
-from rayfl.algorithms.messages import ClientResult
+from rayfl.algorithms.messages import ClientFailure, ClientResult
 from rayfl.config.load import load_config
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
@@ -41,20 +41,37 @@ class HandClock:
         return 30
 
 
-def hand_round(finish, *sets):
-    """Round 1 of a deadline federation whose clients c finish at finish[c] virtual seconds,
-    each sending the initial model plus c; returns the closed round and the initial weights."""
+def hand_federation(*sets):
+    """A deadline federation on the hand clock (30 clients) and its initial state."""
     cfg = load_config(None, [*SMALL, "federation.mode=deadline", *sets])
     fed = dataclasses.replace(build_federation(cfg), population=HandClock())
-    state = fed.policy.init_state(fed.initial_weights())
+    return fed, fed.policy.init_state(fed.initial_weights())
+
+
+def hand_dispatch(fed, state, finish, failed=()):
+    """Round 1's clients c, dispatched at 0 s, finishing at finish[c] virtual seconds, each sending
+    the initial model plus c, or (those in `failed`) no update."""
     tasks = [fed.policy.task(c, 1, state.weights) for c in sorted(finish)]
     records = []
     for t in tasks:
+        cost = (finish[t.client_id], 0, 0)
+        if t.client_id in failed:
+            records.append(Settled(ClientFailure.of(t, "diverged"), "failed", "diverged", cost))
+            continue
         moved = {k: v + t.client_id if v.dtype.kind == "f" else v for k, v in state.weights.items()}
         out = ClientResult.of(t, weights=moved, num_examples=10, num_samples=10, train_loss=0.0)
-        records.append(Settled(out, "ok", "", (finish[t.client_id], 0, 0)))
-    d = Dispatched(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})], [])
-    return close(fed, d, state, 0.0, Late(fed, None, None)), state.weights
+        records.append(Settled(out, "ok", "", cost))
+    return Dispatched(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})], [])
+
+
+def hand_round(finish, *sets, failed=()):
+    """Round 1 of a deadline federation (`hand_dispatch`), closed; returns it and the initial weights."""
+    fed, state = hand_federation(*sets)
+    return close(fed, hand_dispatch(fed, state, finish, failed), state, 0.0, Late(fed, None, None)), state.weights
+
+
+def first_weight(weights):
+    return next(k for k in weights if k.endswith("weight"))
 
 
 FINISH = {0: 5.0, 1: 2.0, 2: 9.0, 3: 2.0}  # clients 1 and 3 tie at 2 s
@@ -89,6 +106,104 @@ def test_a_deadline_round_closes_at_the_kth_update_or_the_deadline(sets, closes_
     # FedAvg over the updates on time only: w0 + the mean of their client ids (equal sizes)
     first = next(k for k in w0 if k.endswith("weight"))
     np.testing.assert_allclose(out.state.weights[first], w0[first] + np.mean(on_time), atol=1e-5)
+
+
+def test_a_failed_client_does_not_count_towards_the_k_updates_that_close_a_round():
+    # arrivals: 1 (2 s, failed), 3 (2 s), 0 (5 s), 2 (9 s); K = 2 updates come from 3 and 0, at 5 s
+    out, w0 = hand_round(FINISH, "federation.deadline.target_clients=2", failed={1})
+    status = {r["client_id"]: r["status"] for r in out.clients}
+    assert out.row["virtual_time_s"] == 5.0 and status == {0: "ok", 1: "failed", 2: "late", 3: "ok"}
+    assert out.row["num_failed"] == 1 and out.row["num_clients"] == 2 and out.row["num_late"] == 1
+    w = first_weight(w0)
+    np.testing.assert_allclose(out.state.weights[w], w0[w] + 1.5, atol=1e-5)  # the mean of clients 0 and 3
+
+
+@pytest.mark.parametrize("rule, moved", [("drop", 0.0), ("carry", 4 / 2**0.5)])
+def test_a_late_update_reaches_a_later_round_under_carry_only(rule, moved):
+    # K = 2: clients 1 and 3 close round 1 at 2 s; 4 (5 s) and 2 (9 s) are late. Round 2 selects
+    # nobody (the hand dispatch of none) and lasts until client 4 arrives, at 5 s: under carry its
+    # update, 1 version stale, joins as x1 + s(1) (x0 + 4 - x0), s(1) = (1 + 1)^-0.5; under drop the model stays
+    fed, state = hand_federation("federation.deadline.target_clients=2", f"federation.deadline.late={rule}")
+    late = Late(fed, None, None)
+    first = close(fed, hand_dispatch(fed, state, {1: 2.0, 2: 9.0, 3: 2.0, 4: 5.0}), state, 0.0, late)
+    second = close(fed, Dispatched(2, [], [], None, lambda: [], []), first.state, 2.0, late)
+    w = first_weight(state.weights)
+    np.testing.assert_allclose(first.state.weights[w], state.weights[w] + 2.0, atol=1e-5)
+    assert second.row["virtual_time_s"] == 5.0 and second.row["num_carried"] == (rule == "carry")
+    np.testing.assert_allclose(second.state.weights[w], state.weights[w] + 2.0 + moved, atol=1e-5)
+    assert [f.client_id for f in late.flights] == [2]
+
+
+@pytest.mark.parametrize(
+    "k, over, selected",
+    [(10, 0.3, 13), (10, 0.25, 13), (3, 0.5, 5), (4, 0.5, 6)],  # 12.5 and 4.5 round up (floor and round() go down)
+)
+def test_over_selection_selects_k_times_one_plus_o_rounded_up(k, over, selected):
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "federation.mode=deadline",
+            f"federation.deadline.target_clients={k}",
+            f"federation.deadline.over_selection={over}",
+        ],
+    )
+    assert cfg.federation.selected_clients == selected
+    fed = build_federation(cfg)
+    state = fed.policy.init_state(fed.initial_weights())
+    assert len(fed.policy.select(state, 1, range(30))) == selected
+
+
+@pytest.mark.parametrize(
+    "min_reports, failed, abandoned, moved",
+    [(0, (), False, 2.0), (2, (), False, 2.0), (3, (), True, 0.0), (2, {1}, True, 0.0)],  # a failure is no update
+)
+def test_a_round_with_fewer_updates_on_time_than_min_reports_is_abandoned(min_reports, failed, abandoned, moved):
+    # K = 3, deadline 4 s: only clients 1 and 3 (2 s) are on time; the round closes at the deadline
+    out, w0 = hand_round(
+        FINISH,
+        "federation.deadline.target_clients=3",
+        "federation.deadline.deadline_s=4",
+        f"federation.deadline.min_reports={min_reports}",
+        failed=failed,
+    )
+    rows = {r["client_id"]: r for r in out.clients}
+    assert out.row["virtual_time_s"] == 4.0 and out.row["abandoned"] == abandoned and out.state.round == 1
+    on_time = {c: "failed" if c in failed else "abandoned" if abandoned else "ok" for c in (1, 3)}
+    assert {c: r["status"] for c, r in rows.items()} == {0: "late", 2: "late", **on_time}
+    assert out.row["num_clients"] == (0 if abandoned else 2) and out.row["num_late"] == 2
+    for c in (1, 3):  # charged and waiting as any client on time
+        assert rows[c]["total_s"] == 2.0 and rows[c]["wait_s"] == 2.0
+    assert ("fewer than federation.deadline.min_reports" in rows[3]["reason"]) == abandoned
+    w = first_weight(w0)
+    np.testing.assert_allclose(out.state.weights[w], w0[w] + moved, atol=1e-5)
+
+
+ABANDONS = [
+    "federation.mode=deadline",
+    "federation.deadline.late=carry",
+    "federation.deadline.deadline_s=0.25",
+    "federation.deadline.min_reports=9",
+]
+"""Deadline rounds of 13 clients of which 7 to 10 are on time: those with fewer than 9 abandoned."""
+
+
+def test_an_abandoned_round_keeps_the_model_and_records_its_clients(tmp_path):
+    run_local(load_config(None, [*SMALL, *ABANDONS, "federation.rounds=6", "federation.eval_every=1"]), tmp_path)
+    metrics, clients = tables(tmp_path)
+    on_time = clients[clients["status"].isin(["ok", "abandoned"])].groupby("round").size()
+    assert metrics["abandoned"].tolist() == (on_time < 9).tolist()  # the rule, round by round
+    assert metrics["abandoned"].any() and not metrics["abandoned"].all()  # both kinds of round occur here
+    dropped = metrics[metrics["abandoned"]]
+    assert (dropped["num_clients"] == 0).all() and (dropped["num_carried"] == 0).all()
+    assert (dropped["round_time_s"] == 0.25).all()  # each waited out its deadline
+    kept = clients[clients["round"].isin(dropped["round"])]
+    assert set(kept["status"]) == {"abandoned", "late"} and (kept.loc[kept["status"] == "abandoned", "total_s"] > 0).all()
+    accuracy = metrics.set_index("round")["test_accuracy"]
+    for r in dropped["round"]:  # no server step: the model evaluated is the previous round's
+        if r > 1:
+            assert accuracy[r] == accuracy[r - 1]
+    assert (metrics.loc[~metrics["abandoned"], "num_clients"] >= 9).all()
 
 
 def tables(run_dir):
@@ -215,8 +330,9 @@ def test_async_arrivals_at_one_instant_go_in_client_id_order():
     [
         ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=4"],
         ["federation.mode=deadline", "federation.deadline.late=carry"],
+        ABANDONS,
     ],
-    ids=["fedbuff", "deadline-carry"],
+    ids=["fedbuff", "deadline-carry", "deadline-abandons"],
 )
 def test_a_resumed_timed_run_equals_an_uninterrupted_one(tmp_path, sets):
     base = [*SMALL, *sets, "federation.checkpoint_every=2"]

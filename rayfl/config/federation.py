@@ -97,7 +97,8 @@ class StalenessConfig(Strict):
 class DeadlineConfig(Strict):
     """`federation.mode: deadline` (Bonawitz et al. 2019, "Towards Federated Learning at Scale",
     Sec. 2.2): select ceil(K (1 + over_selection)) clients, close the round at the K-th update or
-    at the deadline, whichever comes first."""
+    at the deadline, whichever comes first; with `min_reports` M, a round that closes with fewer
+    than M updates on time is abandoned."""
 
     target_clients: int | None = Field(
         None,
@@ -114,6 +115,13 @@ class DeadlineConfig(Strict):
     )
     late: Literal["drop", "carry"] = Field(
         "drop", description="a late update: dropped, or carried into the round it arrives in, weighted by its staleness"
+    )
+    min_reports: int = Field(
+        0,
+        ge=0,
+        le=MAX_PER_ROUND,
+        description="abandon a round whose updates on time are fewer: no server step, its updates discarded "
+        "(Bonawitz et al. 2019, Sec. 2.2); 0: never",
     )
 
 

@@ -80,6 +80,11 @@ class RunConfig(Strict):
                 f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} "
                 f"selects {fed.selected_clients} clients; data.num_clients is {n}"
             )
+        if fed.mode == "deadline" and fed.deadline.min_reports > fed.target_clients:
+            raise ValueError(
+                f"federation.deadline.min_reports ({fed.deadline.min_reports}) exceeds K = {fed.target_clients}, the "
+                "updates that close a round: every round would be abandoned"
+            )
         if fed.mode == "async" and fed.concurrency > n:
             raise ValueError(f"federation.async.concurrency ({fed.concurrency}) exceeds data.num_clients ({n})")
         initial = self.devices.population.initial

@@ -12,6 +12,12 @@ after the close are late (status `late`, charged what they spent): their updates
 or with `late: carry` aggregated in the round they arrive in, moved onto the model of that
 round with their staleness weight (`staleness.carried`). A late client is busy, never
 selected, until it arrives.
+
+Bonawitz et al. abandon a round when too few devices report in time; here that is
+`federation.deadline.min_reports` M (0, the default: never). A round that closes with fewer than
+M updates on time makes no server step (the model stays; the round is still recorded, evaluated
+and checkpointed, `abandoned` in its row); its on-time updates are recorded with status
+`abandoned`, charged what they cost, and discarded, as are late updates carried into it.
 """
 
 from __future__ import annotations
@@ -111,6 +117,67 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     arrivals = sorted(
         ((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2]
     )
+    on_time, missed, closed_at = closing(fed, arrivals, start, late)
+    updates = sum(r.status == "ok" for _, _, r in on_time)
+    flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)
+    carried = late.arrive(closed_at)
+    abandoned = updates < cfg.deadline.min_reports  # Bonawitz et al.: too few reported in time
+    merged = (
+        []
+        if abandoned
+        else sorted(
+            [(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
+            + [(f, r, t, state.round - f.version) for f, r, t in carried],
+            key=lambda x: x[0].key,
+        )
+    )
+    new, accepted = merge_arrivals(
+        fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged], carry_onto(fed, state)
+    )
+    rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
+    for row, (a, _, _) in zip(rows, on_time):
+        if "total_s" in row:  # a skipped client cost nothing and waited for nothing
+            row["wait_s"] = closed_at - a
+        if abandoned and row["status"] == "ok":
+            row.update(
+                status="abandoned",
+                reason=f"the round closed at {closed_at:.3f} s with {updates} update(s) on time, fewer than "
+                f"federation.deadline.min_reports = {cfg.deadline.min_reports}",
+            )
+    for a, c, r in missed:
+        keep = cfg.deadline.late == "carry" and r.status == "ok"
+        late.add(flight(a, c, keep), r, tasks[c], state)
+        row = flight_row(fed, tasks[c], r, flight(a, c), rnd, float("nan"))
+        if r.status == "ok":
+            row.update(
+                status="late",
+                reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s "
+                f"({'carried' if keep else 'dropped'})",
+            )
+        rows.append(row)
+    waits = [row["wait_s"] for row in rows if "wait_s" in row]
+    extra: dict[str, Any] = {
+        "model_version": rnd,
+        "num_carried": 0 if abandoned else len(carried),
+        "abandoned": abandoned,
+        **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows)),
+    }
+    row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)
+    return RoundOutcome(new, {**row, **extra}, rows, late.pending())
+
+
+Arrival = tuple[float, int, Settled]
+"""A client's arrival: its virtual time, its id, its record."""
+
+
+def closing(
+    fed: Federation, arrivals: list[Arrival], start: float, late: Late
+) -> tuple[list[Arrival], list[Arrival], float]:
+    """Bonawitz et al.'s closing rule over a round's `arrivals` (in arrival order): the round
+    closes at its K-th update (failed, rejected and skipped clients do not count) or at its
+    deadline, whichever comes first; with neither, at its last arrival. Returns the arrivals on
+    time, those after the close, and the close."""
+    cfg = fed.config.federation
     limit = start + cfg.deadline.deadline_s if cfg.deadline.deadline_s is not None else float("inf")
     on_time, missed, closed_at, updates = [], [], None, 0
     for a, c, r in arrivals:
@@ -127,39 +194,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         closed_at = (
             min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
         )
-    flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)
-    carried = late.arrive(closed_at)
-    merged = sorted(
-        [(flight(a, c), r, tasks[c], 0) for a, c, r in on_time if r.status == "ok"]
-        + [(f, r, t, state.round - f.version) for f, r, t in carried],
-        key=lambda x: x[0].key,
-    )
-    new, accepted = merge_arrivals(
-        fed, state, rnd, [(r.outcome, t, s) for _, r, t, s in merged], carry_onto(fed, state)
-    )
-    rows = [flight_row(fed, tasks[c], r, flight(a, c), rnd, 0) for a, c, r in on_time]
-    for row, (a, _, _) in zip(rows, on_time):
-        if "total_s" in row:  # a skipped client cost nothing and waited for nothing
-            row["wait_s"] = closed_at - a
-    for a, c, r in missed:
-        keep = cfg.deadline.late == "carry" and r.status == "ok"
-        late.add(flight(a, c, keep), r, tasks[c], state)
-        row = flight_row(fed, tasks[c], r, flight(a, c), rnd, float("nan"))
-        if r.status == "ok":
-            row.update(
-                status="late",
-                reason=f"arrived at {a:.3f} s, after the round closed at {closed_at:.3f} s "
-                f"({'carried' if keep else 'dropped'})",
-            )
-        rows.append(row)
-    waits = [row["wait_s"] for row in rows if "wait_s" in row]
-    extra: dict[str, Any] = {
-        "model_version": rnd,
-        "num_carried": len(carried),
-        **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows)),
-    }
-    row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)
-    return RoundOutcome(new, {**row, **extra}, rows, late.pending())
+    return on_time, missed, closed_at
 
 
 def carry_onto(fed: Federation, state: ServerState) -> Move:

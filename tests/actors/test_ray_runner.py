@@ -295,6 +295,13 @@ def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_
 TIMED = {
     # deadline rounds over-selecting 30%, late updates carried, a deadline as well
     "deadline": ["federation.mode=deadline", "federation.deadline.late=carry", "federation.deadline.deadline_s=8"],
+    # ... and rounds with fewer than 9 updates on time abandoned (tests/test_time.py)
+    "deadline-abandons": [
+        "federation.mode=deadline",
+        "federation.deadline.late=carry",
+        "federation.deadline.deadline_s=0.25",
+        "federation.deadline.min_reports=9",
+    ],
     # FedBuff: 6 in flight, a server step per 3 arrivals; FedAsync: a step per arrival
     "fedbuff": ["federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"],
     "fedasync": ["federation.mode=async", "federation.async.rule=fedasync", "federation.async.concurrency=4"],
@@ -340,7 +347,7 @@ def timed_reference(tmp_path_factory):
     "name, actors, cpus",
     [
         *((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))),
-        *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices")),
+        *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices", "deadline-abandons")),
     ],
 )
 def test_deadline_and_async_runs_on_ray_equal_in_process(ray_cluster, timed_reference, tmp_path, name, actors, cpus):

@@ -22,6 +22,7 @@ from .tiny import aggregated, context
         ("polynomial", 0.5, 4, 3, 0.5),  # 1 / sqrt(1 + 3)
         ("polynomial", 2.0, 4, 1, 0.25),  # (1 + 1)^-2
         ("hinge", 10.0, 4, 4, 1.0),  # within b
+        ("hinge", 10.0, 4, 5, 1 / 11),  # one step past b: 1 / (10 (5 - 4) + 1)
         ("hinge", 10.0, 4, 6, 1 / 21),  # 1 / (10 (6 - 4) + 1)
     ],
 )
