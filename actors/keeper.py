@@ -100,11 +100,16 @@ class Keeper:
             self._write_books()
             return key, [(e.kind, e.name, e.handle, e.dirty) for e in taken]
 
-    def join(self, lease: str, entries: list[tuple[str, str, Any, dict[str, float]]]) -> None:
-        """Actors the borrower started (the pool was short) join its lease."""
+    def join(self, lease: str, entries: list[tuple[str, str, dict[str, float]]]) -> None:
+        """Actors the borrower started (the pool was short) join its lease, by (kind, name,
+        resources): each found by its name, never passed as a handle (a call given the handle of
+        an actor still starting waits until it is up, which on a loaded machine outlasts
+        `ORPHAN_GRACE_S`: the keeper sent the new actors away as orphans)."""
         with self.lock:
             self.leases[lease].entries += [
-                Entry(kind, name, handle, resources, placed=False) for kind, name, handle, resources in entries
+                Entry(kind, name, handle, resources, placed=False)
+                for kind, name, resources in entries
+                for handle in found(name)
             ]
             self._write_books()
 
@@ -237,16 +242,10 @@ class Keeper:
             return
         books = json.loads(saved)
 
-        def found(fields: dict[str, Any]) -> list[Entry]:
-            try:
-                handle = ray.get_actor(fields["name"], namespace=names.NAMESPACE)
-            except ValueError:  # gone while no keeper watched
-                return []
-            return [Entry(**fields, handle=handle)]
-
-        self.idle = [e for fields in books["idle"] for e in found(fields)]
+        again = lambda fields: [Entry(**fields, handle=handle) for handle in found(fields["name"])]
+        self.idle = [e for fields in books["idle"] for e in again(fields)]
         for lease, held in books["leases"].items():
-            entries = [e for fields in held["entries"] for e in found(fields)]
+            entries = [e for fields in held["entries"] for e in again(fields)]
             self.leases[lease] = Lease(tuple(held["borrower"]), held["run"], held["idle_s"], entries)
 
     def _send_away_orphans(self, now: float) -> None:
@@ -269,6 +268,14 @@ def overdue(unbooked: dict[str, float], orphans: set[str], now: float) -> tuple[
     seen = {name: unbooked.get(name, now) for name in orphans}
     due = sorted(name for name, since in seen.items() if now - since >= ORPHAN_GRACE_S)
     return {name: since for name, since in seen.items() if name not in due}, due
+
+
+def found(name: str) -> list[Any]:
+    """The handle of the pooled actor `name`, in a list; empty when it is gone."""
+    try:
+        return [ray.get_actor(name, namespace=names.NAMESPACE)]
+    except ValueError:
+        return []
 
 
 def alive(who: tuple[str, str], live_jobs: set[str]) -> bool:

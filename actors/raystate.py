@@ -2,7 +2,8 @@
 autoscaler's cluster config; `ray._raylet.GcsClient`, the client `ray.init` makes first), in one
 place, so a Ray upgrade touches one file. The public State API
 (`ray.util.state`) would need the dashboard, which a run may leave off. A read that fails (the GCS
-busy or restarting) is unknown (None), never an answer: each caller says what unknown means."""
+busy or restarting) is unknown (None), never an answer: each caller says what unknown means.
+`cluster_gone` alone reads no state: it asks whether the head's GCS port still takes connections."""
 
 from __future__ import annotations
 
@@ -81,20 +82,32 @@ def gcs_error(address: str, timeout_s: float) -> BaseException | None:
     return None
 
 
-def cluster_gone(timeout_s: float = 2.0) -> bool:
+def cluster_gone(tries: int = 3, timeout_s: float = 2.0) -> bool:
     """Whether the head of the cluster this process joined is gone (`rayfl down`, a lost head
-    node): its GCS port refuses a connection, or none is made within `timeout_s`. A GCS that is
-    only slow to answer (a loaded machine) still accepts connections, so it never counts as gone."""
+    node): its GCS port refused a connection, was unreachable or made none within `timeout_s`,
+    `tries` times in a row, 1 s apart. A GCS that is only slow to answer (a loaded machine)
+    still accepts connections, and a local failure (no free descriptor) is no answer: neither
+    counts. Under Ray Client (`ray://`) the GCS may not be reachable from here: never gone."""
+    import errno
     import socket
+    import time
 
     import ray
 
-    host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError:  # refused, unreachable or timed out
-        return True
-    return False
+    if ray.util.client.ray.is_connected():
+        return False
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    for attempt in range(tries):
+        time.sleep(1.0 if attempt else 0.0)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return False
+        except (ConnectionError, TimeoutError):
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                return False
+    return True
 
 
 def kv_get(key: str, namespace: str) -> bytes | None:

@@ -72,11 +72,13 @@ def idle_cluster(ray_cluster):
     keeper = pool.keeper(create=False)
     if keeper is not None:
         ray_cluster.get(keeper.drain.remote())
-    deadline = time.time() + 60
-    while time.time() < deadline and any(
-        ray_cluster.available_resources().get(k, 0) < v
+    held = lambda: {
+        k: v - ray_cluster.available_resources().get(k, 0)
         for k, v in ray_cluster.cluster_resources().items()
-        if k in ("CPU", "GPU")
-    ):
+        if k in ("CPU", "GPU") and ray_cluster.available_resources().get(k, 0) < v
+    }
+    deadline = time.time() + 300
+    while time.time() < deadline and held():
         time.sleep(0.05)
+    assert not held(), f"resources still held by an earlier test's actors: {held()}"
     return ray_cluster

@@ -191,14 +191,19 @@ ABANDONS = [
 def test_an_abandoned_round_keeps_the_model_and_records_its_clients(tmp_path):
     run_local(load_config(None, [*SMALL, *ABANDONS, "federation.rounds=6", "federation.eval_every=1"]), tmp_path)
     metrics, clients = tables(tmp_path)
-    on_time = clients[clients["status"].isin(["ok", "abandoned"])].groupby("round").size()
+    sent = clients[clients["status"].isin(["ok", "abandoned"])]
+    on_time = sent.groupby("round").size().reindex(metrics["round"], fill_value=0)
     assert metrics["abandoned"].tolist() == (on_time < 9).tolist()  # the rule, round by round
     assert metrics["abandoned"].any() and not metrics["abandoned"].all()  # both kinds of round occur here
     dropped = metrics[metrics["abandoned"]]
     assert (dropped["num_clients"] == 0).all() and (dropped["num_carried"] == 0).all()
-    assert (dropped["round_time_s"] == 0.25).all()  # each waited out its deadline
+    assert dropped["round_time_s"].tolist() == pytest.approx([0.25] * len(dropped))  # each waited out its deadline
+    assert dropped["num_discarded"].sum() > 0 and (metrics.loc[~metrics["abandoned"], "num_discarded"] == 0).all()
     kept = clients[clients["round"].isin(dropped["round"])]
-    assert set(kept["status"]) == {"abandoned", "late"} and (kept.loc[kept["status"] == "abandoned", "total_s"] > 0).all()
+    assert (
+        set(kept["status"]) == {"abandoned", "late"} and (kept.loc[kept["status"] == "abandoned", "total_s"] > 0).all()
+    )
+    assert metrics["num_abandoned"].tolist() == (on_time * metrics["abandoned"].to_numpy()).tolist()
     accuracy = metrics.set_index("round")["test_accuracy"]
     for r in dropped["round"]:  # no server step: the model evaluated is the previous round's
         if r > 1:

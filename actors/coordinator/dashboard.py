@@ -46,14 +46,17 @@ class DashboardMetrics:
     BYTES = ("rayfl_bytes", "bytes exchanged with clients since this coordinator started")
     CLIENTS = (
         "rayfl_clients",
-        "selected clients by outcome (status: ok, failed, rejected, skipped, late) since this coordinator started",
+        "selected clients by outcome (status: ok, failed, rejected, skipped, dropped, late, abandoned) since this "
+        "coordinator started",
     )
     OUTCOMES = {
         "ok": "num_clients",
         "failed": "num_failed",
         "rejected": "num_rejected",
         "skipped": "num_skipped",
+        "dropped": "num_dropped",
         "late": "num_late",
+        "abandoned": "num_abandoned",
     }
 
     def __init__(self, run_id: str, algorithm: str, wall_time_s: float = 0.0):

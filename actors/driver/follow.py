@@ -52,8 +52,8 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
 
 def answer(ref: ray.ObjectRef, every_s: float = 2.0) -> Any:
     """The value of `ref`, asking every `every_s` seconds while it is pending whether the cluster
-    is still there: a call to an actor of a cluster whose head stopped waits for Ray's GCS
-    reconnection (a minute), after which Ray ends the process without a word (`ClusterGone`)."""
+    is still there (`ClusterGone` when not): a call to an actor of a cluster whose head stopped
+    waits for Ray's GCS reconnection (a minute), after which Ray ends the process without a word."""
     while not ray.wait([ref], timeout=every_s)[0]:
         if raystate.cluster_gone():
             raise ClusterGone() from None
@@ -78,8 +78,9 @@ def wait_until_answers(actor: Any, timeout_s: float) -> None:
 
 
 class ClusterGone(RuntimeError):
-    """The cluster stopped under a run (its head's GCS no longer answers): nothing of it is left to
-    hand back, and the run continues from RUN_DIR with `--resume`."""
+    """The cluster stopped under a run (its head's GCS port no longer takes connections,
+    `raystate.cluster_gone`): nothing of it is left to hand back, and the run continues from
+    RUN_DIR with `--resume`."""
 
     def __init__(self) -> None:
         super().__init__("the cluster stopped under the run (its head no longer answers)")

@@ -153,11 +153,11 @@ def completed(
     if not coordinator:
         name = pooled_name("coordinator")
         coordinator = [(name, Coordinator.options(**coordinator_options(config, name, pooled=True)).remote(), False)]
-        new.append((kind_coordinator, name, coordinator[0][1], {}))
+        new.append((kind_coordinator, name, {}))
     fresh = [pooled_name("client") for _ in range(count - len(clients))]
     for name, handle in zip(fresh, create_client_actors(config, fresh, pooled=True)):
         clients.append((name, handle, False))
-        new.append((kind_client, name, handle, config.resources.each))
+        new.append((kind_client, name, config.resources.each))
     if new:
         pool.ask(lambda k: k.join.remote(lease, new), keeper)
     crew = [*coordinator, *clients]

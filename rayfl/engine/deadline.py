@@ -14,10 +14,12 @@ round with their staleness weight (`staleness.carried`). A late client is busy, 
 selected, until it arrives.
 
 Bonawitz et al. abandon a round when too few devices report in time; here that is
-`federation.deadline.min_reports` M (0, the default: never). A round that closes with fewer than
-M updates on time makes no server step (the model stays; the round is still recorded, evaluated
-and checkpointed, `abandoned` in its row); its on-time updates are recorded with status
-`abandoned`, charged what they cost, and discarded, as are late updates carried into it.
+`federation.deadline.min_reports` M (0, the default: never). A round that selected clients and
+closes with fewer than M updates on time makes no server step (the model stays; the round is
+still recorded, evaluated and checkpointed, `abandoned` in its row); its on-time updates are
+recorded with status `abandoned` (`num_abandoned`), charged what they cost, and discarded, as
+are late updates carried into it (`num_discarded`). A round that selected nobody (every client
+busy) only waits for the next late arrival: it is never abandoned.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     updates = sum(r.status == "ok" for _, _, r in on_time)
     flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)
     carried = late.arrive(closed_at)
-    abandoned = updates < cfg.deadline.min_reports  # Bonawitz et al.: too few reported in time
+    abandoned = bool(d.tasks) and updates < cfg.deadline.min_reports  # Bonawitz et al.: too few reported in time
     merged = (
         []
         if abandoned
@@ -160,6 +162,8 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
         "model_version": rnd,
         "num_carried": 0 if abandoned else len(carried),
         "abandoned": abandoned,
+        "num_abandoned": sum(r["status"] == "abandoned" for r in rows),
+        "num_discarded": len(carried) if abandoned else 0,
         **staleness_columns([s for *_, s in merged], sum(r["status"] == "late" for r in rows)),
     }
     row = round_row(fed, new, rnd, rows, accepted, len(d.selected), d.tasks, closed_at, closed_at - start, waits)

@@ -1,4 +1,5 @@
-"""What the fault drills share: an action run in a thread once a run has written a file."""
+"""What the fault drills share: an action run from a run's progress callback once a round has
+been reported, or in a thread once a file is written."""
 
 import threading
 import time
@@ -19,6 +20,20 @@ def once_written(path: Path, action: Callable[[], None], timeout_s: float = 120)
     thread = threading.Thread(target=wait_then_act)
     thread.start()
     return thread
+
+
+def at_round(round: int, action: Callable[[], None]) -> Callable[[dict], None]:
+    """A `progress` callback for `api.run` that calls `action` once, with the first row of round
+    `round` or later: on the driver while the run goes on (no thread that may look for the run's
+    actors after a short run has ended), however slow the machine."""
+    done: list[int] = []
+
+    def progress(row: dict) -> None:
+        if row["round"] >= round and not done:
+            done.append(row["round"])
+            action()
+
+    return progress
 
 
 def checkpoint_of(run_dir: Path, round: int) -> Path:

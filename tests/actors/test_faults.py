@@ -14,7 +14,7 @@ from rayfl.config.load import load_config
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
 from rayfl.runner import run_local
-from tests.actors.drills import actors_of, checkpoint_of, once_written
+from tests.actors.drills import actors_of, at_round
 
 pytestmark = [pytest.mark.ray, pytest.mark.faults]
 
@@ -42,18 +42,17 @@ def test_chaos_random_client_kills_end_equal_to_the_undisturbed_run(ray_cluster,
     cfg = load_config(None, ["federation.rounds=20", *SLOW])
     reference = undisturbed(cfg, tmp_path / "reference")
     run_dir = tmp_path / "chaos"
-    kills: list[float] = []
+    kills: list[int] = []  # the rounds reported when each kill was made
+    pick = random.Random(0)
 
-    def chaos():  # 6 kills, one every 0.7 s from round 2 on, of a random client actor (Ray restarts it)
-        pick = random.Random(0)
-        while len(kills) < 6:
-            ray_cluster.kill(pick.choice(actors_of(run_dir.name, "client")), no_restart=False)
-            kills.append(time.time())
-            time.sleep(0.7)
+    def chaos(row):  # 6 kills, one a reported round from round 2 on, of a random client actor (Ray restarts it)
+        if row["round"] >= 2 and len(kills) < 6:
+            clients = actors_of(run_dir.name, "client")
+            ray_cluster.get([a.info.remote() for a in clients])  # every one up again: never one client killed twice
+            ray_cluster.kill(pick.choice(clients), no_restart=False)
+            kills.append(row["round"])
 
-    killer = once_written(checkpoint_of(run_dir, 2), chaos)
-    summary = api.run(cfg, run_dir)
-    killer.join()
+    summary = api.run(cfg, run_dir, progress=chaos)
     assert len(kills) == 6 and summary["rounds"] == 20
     assert_same_rounds(metrics_of(run_dir), reference)
     assert metrics_of(run_dir)["num_failed"].sum() == 0
@@ -70,10 +69,8 @@ def test_a_pool_whose_actors_stay_dead_ends_the_run_with_the_resume_hint(ray_clu
         for actor in actors_of(run_dir.name, "client"):
             ray_cluster.kill(actor)  # no restart
 
-    killer = once_written(checkpoint_of(run_dir, 2), kill_for_good)
     with pytest.raises(api.RunFailed) as failed:
-        api.run(cfg, run_dir)
-    killer.join()
+        api.run(cfg, run_dir, progress=at_round(2, kill_for_good))
     message = str(failed.value)
     assert message.startswith("ActorsLost: no client actor answered for") and "ray.actor_timeout_s = 15 s" in message
     assert "\n" not in message and message.endswith(f"continue it with: rayfl run --resume {run_dir}")
@@ -90,10 +87,9 @@ def test_a_restarted_coordinator_resumes_by_itself_and_equals_the_undisturbed_ru
     def kill_the_coordinator():
         ray_cluster.kill(actors_of(run_dir.name, "coordinator")[0], no_restart=False)
 
-    killer = once_written(checkpoint_of(run_dir, 3), kill_the_coordinator)
     rows = []
-    summary = api.run(cfg, run_dir, progress=rows.append)
-    killer.join()
+    kill = at_round(3, kill_the_coordinator)
+    summary = api.run(cfg, run_dir, progress=lambda row: (rows.append(row), kill(row)))
     assert summary["rounds"] == 6
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]  # rows recomputed after the restart are relayed once
     assert any("the coordinator actor died; Ray restarts it" in n for n in rayfl_notes)
@@ -118,9 +114,7 @@ def test_a_split_round_whose_actor_dies_runs_its_exchange_again_and_equals_the_u
     def kill_a_client():
         ray_cluster.kill(actors_of(run_dir.name, "client")[0], no_restart=False)
 
-    killer = once_written(checkpoint_of(run_dir, 1), kill_a_client)
-    summary = api.run(cfg, run_dir)
-    killer.join()
+    summary = api.run(cfg, run_dir, progress=at_round(1, kill_a_client))
     assert summary["rounds"] == 4 and any("running the round's exchange again" in n for n in rayfl_notes)
     assert_same_rounds(metrics_of(run_dir), reference)
     assert metrics_of(run_dir)["num_failed"].sum() == 0
@@ -163,7 +157,11 @@ def flaky(ray_cluster, tmp_path):
         actors = [Flaky.remote(str(tmp_path), doomed, deaths) for _ in range(count)]
         made.extend(actors)
         notes = []
-        return RayExecutor(actors, ray_cluster.put(None), fed.account, timeout_s=30, report=notes.append), groups, notes
+        return (
+            RayExecutor(actors, ray_cluster.put(None), fed.account, timeout_s=120, report=notes.append),
+            groups,
+            notes,
+        )
 
     yield make
     for actor in made:

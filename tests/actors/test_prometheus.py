@@ -122,7 +122,7 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     p = Prometheus(f"http://127.0.0.1:{port}")
     run_id = run_dir.name
     try:
-        deadline, names = time.monotonic() + 120, set()
+        deadline, names = time.monotonic() + 300, set()
         while time.monotonic() < deadline and run.poll() is None:
             try:
                 names = p.names(run_id)
