@@ -102,9 +102,11 @@ class Keeper:
 
     def join(self, lease: str, entries: list[tuple[str, str, dict[str, float]]]) -> None:
         """Actors the borrower started (the pool was short) join its lease, by (kind, name,
-        resources): each found by its name, never passed as a handle (a call given the handle of
-        an actor still starting waits until it is up, which on a loaded machine outlasts
-        `ORPHAN_GRACE_S`: the keeper sent the new actors away as orphans)."""
+        resources), each found by its name under the keeper's lock. Never passed as handles: the
+        first handle of a class this process unpacks imports its module (torch, for a client
+        actor), which on a loaded machine took longer than `ORPHAN_GRACE_S` before the method
+        ran, while the reaper sent the new actors away as orphans. Under the lock the reaper
+        waits for the lookups."""
         with self.lock:
             self.leases[lease].entries += [
                 Entry(kind, name, handle, resources, placed=False)

@@ -105,7 +105,7 @@ def cluster_gone(tries: int = 3, timeout_s: float = 2.0) -> bool:
         except (ConnectionError, TimeoutError):
             continue
         except OSError as exc:
-            if exc.errno not in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            if exc.errno not in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
                 return False
     return True
 

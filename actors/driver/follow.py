@@ -37,7 +37,7 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
                     log.warning(note)
                 for row in rows:
                     if row["round"] > last and progress is not None:
-                        progress(row)
+                        relay(progress, row)
                     last = max(last, row["round"])
             return ray.get(done)
         except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
@@ -48,6 +48,15 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
             )
             wait_until_answers(coordinator, timeout_s)
             begin = None
+
+
+def relay(progress: Progress, row: dict[str, Any]) -> None:
+    """`progress(row)`; an actor of its own that it found restarting is its error, never read as
+    the coordinator's (`RuntimeError`)."""
+    try:
+        progress(row)
+    except ActorUnavailableError as exc:
+        raise RuntimeError(f"the progress callback failed: {exc}") from exc
 
 
 def answer(ref: ray.ObjectRef, every_s: float = 2.0) -> Any:

@@ -28,7 +28,7 @@ from ..coordinator.actor import Coordinator, Duty
 from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .cluster import check_fits_here, connect
-from .follow import ClusterGone, follow
+from .follow import ClusterGone, answer, follow
 
 log = logging.getLogger("rayfl")
 
@@ -59,7 +59,7 @@ def launch(
         duty = Duty([ray.put(fed)], crew.clients, str(run_dir), crew.key)
         coordinator_ready = crew.coordinator.warm.remote(duty)
         wait_for_actors(crew.clients, config.ray.actor_timeout_s, log.info, federation_ref=duty.federation_box[0])
-        ray.get(coordinator_ready)
+        answer(coordinator_ready)
         phase("actors")
         summary = follow(crew.coordinator, duty, start, progress, config.ray.actor_timeout_s)
         phase("rounds")

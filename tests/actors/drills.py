@@ -24,8 +24,9 @@ def once_written(path: Path, action: Callable[[], None], timeout_s: float = 120)
 
 def at_round(round: int, action: Callable[[], None]) -> Callable[[dict], None]:
     """A `progress` callback for `api.run` that calls `action` once, with the first row of round
-    `round` or later: on the driver while the run goes on (no thread that may look for the run's
-    actors after a short run has ended), however slow the machine."""
+    `round` or later, on the driver (no thread that may look for the run's actors after a short
+    run has ended). The coordinator runs ahead of the rows the driver relays: a drill leaves
+    rounds after `round` and checks that its action landed while the run went on."""
     done: list[int] = []
 
     def progress(row: dict) -> None:
@@ -34,6 +35,22 @@ def at_round(round: int, action: Callable[[], None]) -> Callable[[dict], None]:
             action()
 
     return progress
+
+
+def answering(actors: list, timeout_s: float = 300) -> None:
+    """Block until every one of `actors` answers a call (one Ray is restarting is asked again)."""
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.time() + timeout_s
+    for actor in actors:
+        while True:
+            try:
+                ray.get(actor.info.remote(), timeout=timeout_s)
+                break
+            except ActorUnavailableError:
+                assert time.time() < deadline, "a killed client actor did not come back"
+                time.sleep(0.1)
 
 
 def checkpoint_of(run_dir: Path, round: int) -> Path:
