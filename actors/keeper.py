@@ -108,9 +108,12 @@ class Keeper:
         ran, while the reaper sent the new actors away as orphans. Under the lock the reaper
         waits for the lookups."""
         with self.lock:
-            self.leases[lease].entries += [
+            held = self.leases[lease]
+            booked = {e.name for e in held.entries}  # a call asked again (the keeper restarting) joins nothing twice
+            held.entries += [
                 Entry(kind, name, handle, resources, placed=False)
                 for kind, name, resources in entries
+                if name not in booked
                 for handle in found(name)
             ]
             self._write_books()
