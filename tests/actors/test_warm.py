@@ -242,23 +242,3 @@ def test_a_pooled_actor_in_no_book_is_sent_away_after_its_grace():
     assert due == [] and unbooked["c"] == 100.0 + ORPHAN_GRACE_S - 0.5
     unbooked, due = overdue(unbooked, {"a", "c"}, now=100.0 + ORPHAN_GRACE_S)  # b was booked meanwhile
     assert due == ["a"] and unbooked == {"c": 100.0 + ORPHAN_GRACE_S - 0.5}
-
-
-def test_a_join_asked_again_books_each_new_actor_once(monkeypatch):
-    """`pool.ask` asks again while Ray restarts the keeper: an actor booked twice would be lent twice."""
-    import threading
-    import types
-
-    from actors import keeper
-
-    monkeypatch.setattr(keeper.raystate, "kv_get", lambda key, namespace: None)
-    monkeypatch.setattr(keeper.raystate, "kv_put", lambda key, value, namespace: None)
-    monkeypatch.setattr(keeper, "found", lambda name: [f"handle of {name}"])
-    monkeypatch.setattr(threading, "Thread", lambda **_: types.SimpleNamespace(start=lambda: None))  # no reaper
-    books = keeper.Keeper.__ray_actor_class__()
-    books.leases["lease"] = keeper.Lease(("job", "01000000"), "run", 300.0)
-    new = [("client/kind", "rayfl:pool:client-1", {"CPU": 1.0}), ("coordinator/kind", "rayfl:pool:coordinator-1", {})]
-    books.join("lease", new)
-    books.join("lease", new)
-    entries = books.leases["lease"].entries
-    assert [(e.name, e.handle) for e in entries] == [(name, f"handle of {name}") for _, name, _ in new]
