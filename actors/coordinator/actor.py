@@ -48,6 +48,7 @@ class Coordinator:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._heard = threading.Condition(self._lock)  # the driver relayed a row, or the run is stopped
         self._running = threading.Lock()  # one run at a time (a driver that lost touch asks again)
         self.stop = threading.Event()
         self.born = rng.global_states()
@@ -60,6 +61,7 @@ class Coordinator:
         self.metrics: DashboardMetrics | None = None
         self._rows: list[dict[str, Any]] = []
         self._notes: list[str] = []
+        self._relayed = 0  # the last round the driver passed to its progress callback
 
     def _attach(self, duty: Duty) -> Federation:
         """The federation and its client actors, once per run. Holding the reference keeps the
@@ -113,16 +115,22 @@ class Coordinator:
         if self.stop.is_set():
             raise Abandoned(f"the run stopped after round {row['round']}: its driver is gone")
         self.metrics.record(row, self.executor.alive())
+        ahead = self.fed.config.ray.rounds_ahead
         with self._lock:
             self._rows.append(dict(row))
+            while ahead is not None and row["round"] - self._relayed > ahead and not self.stop.is_set():
+                self._heard.wait(timeout=1.0)
 
     def _note(self, line: str) -> None:
         with self._lock:
             self._notes.append(line)
 
-    def progress(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Round rows finished and notices (the executor's: actors lost, rounds run again) since the last call."""
+    def progress(self, relayed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
+        """Round rows finished and notices (the executor's: actors lost, rounds run again) since the
+        last call; `relayed`: the last round the driver has passed on (`ray.rounds_ahead`)."""
         with self._lock:
+            self._relayed = max(self._relayed, relayed)
+            self._heard.notify_all()
             rows, self._rows = self._rows, []
             notes, self._notes = self._notes, []
         return rows, notes
@@ -133,6 +141,7 @@ class Coordinator:
         with self._lock:
             if self.duty is not None and self.duty.key == key:
                 self.stop.set()
+                self._heard.notify_all()
 
     def reset(self) -> bool:
         """Stop the run in progress, if any, and once it ended forget it (federation, executor,

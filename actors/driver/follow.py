@@ -32,7 +32,7 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
             finished = False
             while not finished:
                 finished = bool(ray.wait([done], timeout=0.5)[0])
-                rows, notes = answer(coordinator.progress.remote())
+                rows, notes = answer(coordinator.progress.remote(last))
                 for note in notes:
                     log.warning(note)
                 for row in rows:

@@ -32,6 +32,11 @@ class RayConfig(Strict):
     coordinator_restarts: int = Field(
         3, ge=0, description="times Ray restarts a coordinator that died (its run resumes from the newest checkpoint)"
     )
+    rounds_ahead: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="rounds the coordinator may finish past the last one the driver has passed to its progress "
+        "callback (a Tune report, a drill's action) before it waits; none: no bound (docs/ray.md)",
+    )
     pool_idle_s: float = Field(
         300.0,
         ge=0,

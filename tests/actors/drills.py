@@ -22,11 +22,15 @@ def once_written(path: Path, action: Callable[[], None], timeout_s: float = 120)
     return thread
 
 
+AHEAD = "ray.rounds_ahead=1"
+"""The setting under which an `at_round` action at round r lands before the coordinator has
+recorded round r + 2: while the run goes on, whatever the machine's load."""
+
+
 def at_round(round: int, action: Callable[[], None]) -> Callable[[dict], None]:
     """A `progress` callback for `api.run` that calls `action` once, with the first row of round
-    `round` or later, on the driver (no thread that may look for the run's actors after a short
-    run has ended). The coordinator runs ahead of the rows the driver relays: a drill leaves
-    rounds after `round` and checks that its action landed while the run went on."""
+    `round` or later, on the driver. Under `AHEAD` the coordinator records at most one round more
+    until the callback has returned, so the action lands while the run goes on."""
     done: list[int] = []
 
     def progress(row: dict) -> None:

@@ -14,12 +14,20 @@ from rayfl.config.load import load_config
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
 from rayfl.runner import run_local
-from tests.actors.drills import actors_of, answering, at_round
+from tests.actors.drills import AHEAD, actors_of, answering, at_round
 
 pytestmark = [pytest.mark.ray, pytest.mark.faults]
 
-SLOW = ["model.name=mlp", "clock=emulate", "clock_scale=0.01", "ray.num_actors=2", "federation.checkpoint_every=1"]
-"""Rounds of about 0.5-1 s of wall time (`clock: emulate`), so kills land mid-round."""
+SLOW = [
+    "model.name=mlp",
+    "clock=emulate",
+    "clock_scale=0.01",
+    "ray.num_actors=2",
+    "federation.checkpoint_every=1",
+    AHEAD,
+]
+"""Rounds of about 0.5-1 s of wall time (`clock: emulate`), so kills land mid-round, and a
+coordinator never more than a round ahead of the drill's action (`drills.AHEAD`)."""
 
 
 def metrics_of(run_dir):
