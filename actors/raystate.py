@@ -82,6 +82,15 @@ def gcs_error(address: str, timeout_s: float) -> BaseException | None:
     return None
 
 
+def knock(address: str, timeout_s: float) -> None:
+    """Open and close one TCP connection to `address` (HOST:PORT; an IPv6 host with or without
+    brackets) within `timeout_s`; `OSError` when none is made."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+
+
 def cluster_gone(tries: int = 3, timeout_s: float = 2.0) -> bool:
     """Whether the head of the cluster this process joined is gone (`rayfl down`, a lost head
     node): its GCS port refused a connection, was unreachable or made none within `timeout_s`,
@@ -89,18 +98,17 @@ def cluster_gone(tries: int = 3, timeout_s: float = 2.0) -> bool:
     still accepts connections, and a local failure (no free descriptor) is no answer: neither
     counts. Under Ray Client (`ray://`) the GCS may not be reachable from here: never gone."""
     import errno
-    import socket
     import time
 
     import ray
 
     if ray.util.client.ray.is_connected():
         return False
-    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    gcs = ray.get_runtime_context().gcs_address
     for attempt in range(tries):
         time.sleep(1.0 if attempt else 0.0)
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            knock(gcs, timeout_s)
             return False
         except (ConnectionError, TimeoutError):
             continue

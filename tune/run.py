@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -306,10 +306,18 @@ def num_trials(exp: Experiment) -> int:
 
 
 def run_experiment(
-    exp: Experiment, resume: bool = False, address: str | None = None, verbose: bool = False
+    exp: Experiment,
+    resume: bool = False,
+    address: str | None = None,
+    verbose: bool = False,
+    callbacks: Sequence[tune.Callback] = (),
 ) -> dict[str, Any]:
     """Fit (or, with `resume`, restore and finish) the experiment, then write its results. Quiet
-    unless `verbose`: a bar of trials, no Tune status tables, no Ray log lines."""
+    unless `verbose`: a bar of trials, no Tune status tables, no Ray log lines. `callbacks`: Tune
+    callbacks of the caller's for a fresh fit, beside the experiment's loggers (a restore keeps
+    those the fit had). A trial's report waits until Tune has taken it, and under
+    `ray.rounds_ahead` the trial's coordinator waits for its reports, so an `on_trial_result`
+    acts while the trial's run goes on."""
     if resume and not tune.Tuner.can_restore(str(exp.dir)):
         raise ConfigError(f"--resume: {exp.dir} holds no Tune experiment to restore")
     if not resume and exp.dir.exists():
@@ -341,7 +349,11 @@ def run_experiment(
                     name=exp.name,
                     storage_path=str(exp.dir.parent),
                     verbose=2 if verbose else 0,
-                    callbacks=[*exp.logger_callbacks(), *([] if verbose else [TrialBar(exp, num_trials(exp))])],
+                    callbacks=[
+                        *exp.logger_callbacks(),
+                        *([] if verbose else [TrialBar(exp, num_trials(exp))]),
+                        *callbacks,
+                    ],
                 ),
             )
         return write_results(exp, tuner.fit())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import threading
 from typing import Callable, Iterator
@@ -39,11 +38,10 @@ def probe(address: str) -> None:
             "the head's GCS address, HOST:6379"
         )
     client = address.startswith("ray://")
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not port.isdigit():
+    if not address.removeprefix("ray://").rpartition(":")[2].isdigit():
         raise ConfigError(f"--address {shown(address, 80)}: not HOST:PORT (e.g. 127.0.0.1:6379) or ray://HOST:PORT")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+        raystate.knock(address.removeprefix("ray://"), PROBE_S)
     except OSError as exc:
         raise ConfigError(
             f"--address {shown(address, 80)}: nothing answers there ({exc.strerror or type(exc).__name__}); is the "

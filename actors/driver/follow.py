@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rayfl.engine import Progress, Start
 
@@ -24,38 +24,49 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
     notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
     died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
     and run again from RUN_DIR's newest checkpoint; the rows it recomputes are not relayed twice.
-    `ClusterGone` when the coordinator is lost with the cluster itself (`rayfl down` mid-run)."""
+    `ClusterGone` when the coordinator is lost with the cluster itself (`rayfl down` mid-run).
+    Only the coordinator's own calls are read for its restart (`heard`)."""
     last, begin = start.state.round, start
     while True:
         done = coordinator.run.remote(duty, begin)
-        try:
-            finished = False
-            while not finished:
-                finished = bool(ray.wait([done], timeout=0.5)[0])
-                rows, notes = answer(coordinator.progress.remote(last))
-                for note in notes:
-                    log.warning(note)
-                for row in rows:
-                    if row["round"] > last and progress is not None:
-                        relay(progress, row)
-                    last = max(last, row["round"])
-            return ray.get(done)
-        except ActorUnavailableError:  # Ray is restarting it (one that died for good raises ActorDiedError)
-            if raystate.cluster_gone():
-                raise ClusterGone() from None
-            log.warning(
-                "the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR"
-            )
-            wait_until_answers(coordinator, timeout_s)
-            begin = None
+        while (news := heard(coordinator, done, last, timeout_s)) is not None:
+            summary, rows, notes = news
+            for note in notes:
+                log.warning(note)
+            for row in rows:
+                if row["round"] > last and progress is not None:
+                    relay(progress, row)
+                last = max(last, row["round"])
+            if summary is not None:
+                return summary
+        begin = None
+
+
+def heard(
+    coordinator: Any, done: ray.ObjectRef, last: int, timeout_s: float
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]] | None:
+    """Within 0.5 s, what the coordinator's run `done` has to say: its summary once it ended
+    (else None), and the rows and notices since the last call (`last`: the round the driver
+    relayed last, `ray.rounds_ahead`). None when Ray is restarting the coordinator (one that
+    died for good raises `ActorDiedError`), after waiting until it answers again."""
+    try:
+        finished = bool(ray.wait([done], timeout=0.5)[0])
+        rows, notes = answer(coordinator.progress.remote(last))
+        return (ray.get(done) if finished else None), rows, notes
+    except ActorUnavailableError:
+        if raystate.cluster_gone():
+            raise ClusterGone() from None
+        log.warning("the coordinator actor died; Ray restarts it, and it resumes from the newest checkpoint in RUN_DIR")
+        wait_until_answers(coordinator, timeout_s)
+        return None
 
 
 def relay(progress: Progress, row: dict[str, Any]) -> None:
-    """`progress(row)`; an actor of its own that it found restarting is its error, never read as
-    the coordinator's (`RuntimeError`)."""
+    """`progress(row)`; an actor of its own that it found dead or restarting is its error, never
+    read as the coordinator's (`RuntimeError`)."""
     try:
         progress(row)
-    except ActorUnavailableError as exc:
+    except RayActorError as exc:
         raise RuntimeError(f"the progress callback failed: {exc}") from exc
 
 

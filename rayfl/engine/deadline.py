@@ -119,8 +119,7 @@ def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late
     arrivals = sorted(
         ((start + client_seconds(fed, rnd, r), r.outcome.client_id, r) for r in records), key=lambda x: x[:2]
     )
-    on_time, missed, closed_at = closing(fed, arrivals, start, late)
-    updates = sum(r.status == "ok" for _, _, r in on_time)
+    on_time, missed, closed_at, updates = closing(fed, arrivals, start, late)
     flight = lambda a, c, carry=False: Flight(c, state.round, start, a, slots[c], carry)
     carried = late.arrive(closed_at)
     abandoned = bool(d.tasks) and updates < cfg.deadline.min_reports  # Bonawitz et al.: too few reported in time
@@ -176,11 +175,11 @@ Arrival = tuple[float, int, Settled]
 
 def closing(
     fed: Federation, arrivals: list[Arrival], start: float, late: Late
-) -> tuple[list[Arrival], list[Arrival], float]:
+) -> tuple[list[Arrival], list[Arrival], float, int]:
     """Bonawitz et al.'s closing rule over a round's `arrivals` (in arrival order): the round
     closes at its K-th update (failed, rejected and skipped clients do not count) or at its
     deadline, whichever comes first; with neither, at its last arrival. Returns the arrivals on
-    time, those after the close, and the close."""
+    time, those after the close, the close and the updates on time."""
     cfg = fed.config.federation
     limit = start + cfg.deadline.deadline_s if cfg.deadline.deadline_s is not None else float("inf")
     on_time, missed, closed_at, updates = [], [], None, 0
@@ -198,7 +197,7 @@ def closing(
         closed_at = (
             min([limit, *(f.arrives_at for f in late.flights)]) if late.flights or limit < float("inf") else start
         )
-    return on_time, missed, closed_at
+    return on_time, missed, closed_at, updates
 
 
 def carry_onto(fed: Federation, state: ServerState) -> Move:

@@ -130,6 +130,29 @@ def test_tiers_draw_subnets_that_fit_their_budget(budget):
     assert len(set(drawn.values())) > 10
 
 
+def test_one_device_class_draws_from_the_whole_space_not_the_smallest_only():
+    fed, _ = efedsup("devices.profile=uniform")
+    assert fed.policy.budgets == [1.0]  # evenly from the smallest's share to 1 would give [smallest's share]
+    assert len({fed.policy.tier_subnet(1, c) for c in range(6)}) > 1
+
+
+ONE_NET = ["model.widths=[[16],[32],[64],[256]]", "model.depths=[[1],[2],[2],[2]]", "model.kernels=[[7],[7],[7],[7]]"]
+"""supernet_small's space cut to one net, its largest."""
+
+
+def test_with_one_net_in_the_space_efedsup_is_fedsup_with_one_subnet_a_step(tmp_path):
+    """The degenerate case where the two must compute the same model: every client trains the
+    one net on labels (FedSup's M = 1 draws it every step with no distillation; every E-FedSup
+    tier fits it and only it travels); whole-supernet averaging and `fill` agree when every
+    client holds every entry."""
+    few = ["data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=2", *ONE_NET]
+    run_local(load_config(None, ["algorithm.name=fedsup", "algorithm.subnets=1", *few]), tmp_path / "fedsup")
+    run_local(load_config(None, ["algorithm.name=efedsup", "devices.profile=mobile", *few]), tmp_path / "efedsup")
+    learned = ["train_loss", "test_loss", "test_accuracy"]
+    fedsup, efedsup_ = (pd.read_parquet(tmp_path / name / "metrics.parquet")[learned] for name in ("fedsup", "efedsup"))
+    pd.testing.assert_frame_equal(fedsup, efedsup_)
+
+
 def test_only_the_subnet_travels(tmp_path):
     run_local(load_config(None, ["algorithm.name=efedsup", "devices.profile=mobile", *FEW]), tmp_path)
     clients = pd.read_parquet(tmp_path / "clients.parquet")

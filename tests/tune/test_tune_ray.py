@@ -220,23 +220,25 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
 
 def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(ray_cluster, tmp_path):
     ray = ray_cluster
+    from ray import tune
+
     from rayfl.runner import run_local
 
     path = experiment(tmp_path, "broken", {"federation.lr": {"grid": [0.1]}})
-    exp = load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2"])
-    killed = threading.Event()
+    exp = load_experiment(path, ["federation.rounds=6", "federation.checkpoint_every=2", "ray.rounds_ahead=1"])
+    killed = []  # the round whose report made the kill, and the rounds the trial had recorded then
 
-    def kill_the_coordinator_after_round_3():
-        runs = list(exp.dir.glob("*/run/metrics.parquet"))
-        if killed.is_set() or not runs or len(pd.read_parquet(runs[0])) < 3:
-            return
-        for _, _, coordinator in our_actors(ray, "broken-", "coordinator"):
-            ray.kill(coordinator)
-            killed.set()
+    class KillTheCoordinatorAtRound3(tune.Callback):  # runs here, in Tune's driver, as each report comes
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result["round"] >= 3 and not killed:
+                for _, _, coordinator in our_actors(ray, "broken-", "coordinator"):
+                    ray.kill(coordinator)
+                runs = list(exp.dir.glob("*/run/metrics.parquet"))
+                killed.append((result["round"], len(pd.read_parquet(runs[0]))))
 
-    with every(0.1, kill_the_coordinator_after_round_3):
-        first = run_experiment(exp, verbose=0)["table"]
-    assert killed.is_set() and first["status"].tolist() == ["error"] and first["error"].iloc[0]
+    first = run_experiment(exp, verbose=0, callbacks=[KillTheCoordinatorAtRound3()])["table"]
+    assert first["status"].tolist() == ["error"] and first["error"].iloc[0]
+    assert killed and killed[0][0] == 3 and killed[0][1] <= 4  # under rounds_ahead=1: before round 5 was recorded
     stopped_at = len(pd.read_parquet(first["run_dir"].iloc[0] + "/metrics.parquet"))
     assert 3 <= stopped_at < 6
 

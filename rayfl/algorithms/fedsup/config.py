@@ -38,7 +38,7 @@ class EFedSupConfig(AlgorithmConfig):
     tier_budgets: list[float] | None = Field(
         None,
         description="each device class's budget (weakest first) as a share of the largest sub-net's FLOPs (params); "
-        "None: evenly from the smallest's share to 1",
+        "None: evenly from the smallest's share to 1 (one class: 1)",
     )
     budget: Literal["flops", "params"] = Field(
         "flops", description="what a tier's budget bounds: FLOPs (the paper) or parameters (the public code)"

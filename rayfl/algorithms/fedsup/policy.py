@@ -56,7 +56,11 @@ class FedSupPolicy(ServerPolicy):
             cfg = config.algorithm
             lo = self.size(smallest(self.super)) / self.size(largest(self.super))
             self.budgets = (
-                list(cfg.tier_budgets) if cfg.tier_budgets is not None else list(np.linspace(lo, 1.0, len(classes)))
+                list(cfg.tier_budgets)
+                if cfg.tier_budgets is not None
+                else [1.0]
+                if len(classes) == 1  # one class is the strongest too: the whole space, never the smallest only
+                else list(np.linspace(lo, 1.0, len(classes)))
             )
             if len(self.budgets) != len(classes):
                 raise ConfigError(
