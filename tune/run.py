@@ -314,8 +314,8 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Fit (or, with `resume`, restore and finish) the experiment, then write its results. Quiet
     unless `verbose`: a bar of trials, no Tune status tables, no Ray log lines. `callbacks`: Tune
-    callbacks of the caller's for a fresh fit, beside the experiment's loggers (a restore keeps
-    those the fit had). A trial's report waits until Tune has taken it, and under
+    callbacks of the caller's for a fresh fit, beside the experiment's loggers (a restore runs
+    those the fit had again, unpickled). A trial's report waits until Tune has taken it, and under
     `ray.rounds_ahead` the trial's coordinator waits for its reports, so an `on_trial_result`
     acts while the trial's run goes on."""
     if resume and not tune.Tuner.can_restore(str(exp.dir)):
