@@ -3,7 +3,7 @@ autoscaler's cluster config; `ray._raylet.GcsClient`, the client `ray.init` make
 place, so a Ray upgrade touches one file. The public State API
 (`ray.util.state`) would need the dashboard, which a run may leave off. A read that fails (the GCS
 busy or restarting) is unknown (None), never an answer: each caller says what unknown means.
-`cluster_gone` alone reads no state: it asks whether the head's GCS port still takes connections."""
+`knock` and `cluster_gone` read no state: they ask whether a port (the head's GCS) takes connections."""
 
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ per client; Local-only, LG-FedAvg, Ditto, Per-FedAvg: their own personal models)
 clients of the standard deviation across clients, and the global test accuracy with FedSup's Big /
 Medium / Small children. `--set KEY=VALUE` applies to every run (e.g.
 data.partition.classes_per_client=5 for the paper's s = 50, federation.clients_per_round=20 for R = 1);
-`--runs` picks some of the methods; `--out DIR` keeps the runs (and a rerun reuses the finished
-ones: the same --set, or the figures mix settings). With `--curves FILE`, draws the children's test accuracy over
-the rounds (mean over seeds, each seed faint) for the supernet runs.
+`--runs` picks some of the methods, or the steps between FedSup and E-FedSup (`GAP`); `--out
+DIR` keeps the runs (and a rerun reuses the finished ones: the same --set, or the figures mix
+settings). With `--curves FILE`, draws the children's test accuracy over the rounds (mean over
+seeds, each seed faint) for the supernet runs.
 
     python bench/fedsup_table2.py [--seeds 3] [--procs 2] [--runs FedSup E-FedSup] [--set KEY=VALUE ...]
                                   [--out DIR] [--curves curves.png]
@@ -28,14 +29,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
-    "Local-only": "localonly",
-    "FedAvg": "fedavg",
-    "Ditto": "ditto",
-    "LG-FedAvg": "lgfedavg",
-    "Per-FedAvg": "perfedavg",
-    "FedSup": "fedsup",
-    "E-FedSup": "efedsup",
+    "Local-only": ("localonly", []),
+    "FedAvg": ("fedavg", []),
+    "Ditto": ("ditto", []),
+    "LG-FedAvg": ("lgfedavg", []),
+    "Per-FedAvg": ("perfedavg", []),
+    "FedSup": ("fedsup", []),
+    "E-FedSup": ("efedsup", []),
 }
+"""Table 2's methods: label -> (example file, its own overrides)."""
+GAP = {
+    "FedSup M=1": ("fedsup", ["algorithm.subnets=1"]),  # no sandwich, no distillation: one random sub-net a step
+    "E-FedSup whole space": ("efedsup", ["algorithm.tier_budgets=[1.0,1.0,1.0]"]),  # every tier draws from all
+    "E-FedSup whole space, count": ("efedsup", ["algorithm.tier_budgets=[1.0,1.0,1.0]", "algorithm.aggregation=count"]),
+}
+"""The steps between FedSup and E-FedSup (docs/fedsup.md, "E-FedSup's gap"): each changes one
+thing of its neighbour's."""
+METHODS = {**RUNS, **GAP}
 CHILDREN = ["test_accuracy@big", "test_accuracy@medium", "test_accuracy@small"]
 COLUMNS = [
     "initial_accuracy",
@@ -54,8 +64,9 @@ def one(job: tuple[str, int, list[str], str]) -> dict:
     from rayfl.runner import run_local
 
     label, seed, sets, out = job
+    example, own = METHODS[label]
     if not (Path(out) / "summary.json").is_file():  # a finished run is kept (--out): rerun only what is missing
-        run_local(load_config(ROOT / "examples" / "fedsup" / f"{RUNS[label]}.yaml", [*sets, f"seed={seed}"]), out)
+        run_local(load_config(ROOT / "examples" / "fedsup" / f"{example}.yaml", [*own, *sets, f"seed={seed}"]), out)
     metrics = pd.read_parquet(Path(out) / "metrics.parquet")
     last = metrics.iloc[-1]
     evaluated = metrics.dropna(subset=["test_accuracy"])
@@ -76,7 +87,7 @@ def draw(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [label for label in RUNS if any(r["run"] == label and r["curves"] for r in rows)]
+    runs = [label for label in METHODS if any(r["run"] == label and r["curves"] for r in rows)]
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True, squeeze=False)
     for ax, label in zip(axes[0], runs):
         rs = [r for r in rows if r["run"] == label]
@@ -98,6 +109,12 @@ def draw(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def slug(label: str) -> str:
+    """A method's folder name: its example file, and the gap step's own label."""
+    example, own = METHODS[label]
+    return example if not own else f"{example}-{label.split(' ', 1)[1].replace(' ', '').replace(',', '-')}"
+
+
 def spread(xs: list[float]) -> str:
     if all(math.isnan(x) for x in xs):
         return "-"
@@ -110,7 +127,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run")
     parser.add_argument("--procs", type=int, default=2, help="runs at a time, one process (and one torch thread) each")
     parser.add_argument(
-        "--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="the methods to run (default: all)"
+        "--runs",
+        nargs="+",
+        choices=list(METHODS),
+        default=list(RUNS),
+        help="the methods to run (default: Table 2's; also the steps of E-FedSup's gap)",
     )
     parser.add_argument("--curves", help="draw the supernet runs' children over the rounds to this image")
     parser.add_argument(
@@ -119,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [
-            (label, seed, args.set, f"{args.out or tmp}/{seed}-{RUNS[label]}")
+            (label, seed, args.set, f"{args.out or tmp}/{seed}-{slug(label)}")
             for seed in range(args.seeds)
             for label in args.runs
         ]

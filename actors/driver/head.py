@@ -24,6 +24,8 @@ import psutil
 from rayfl.config import ConfigError
 from rayfl.storage import HOME
 
+from .. import raystate
+
 RECORD = HOME / "head.json"
 
 
@@ -131,7 +133,7 @@ def answers(port: int, dashboard: str | None) -> bool:
     import urllib.request
 
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+        raystate.knock(f"127.0.0.1:{port}", 1.0)
         if dashboard:
             urllib.request.urlopen(f"{dashboard}/api/version", timeout=1.0).close()
     except urllib.error.HTTPError:  # it answers (401 without a token)
