@@ -100,7 +100,10 @@ class Coordinator:
         checkpoint, or from round 0 where none was written."""
         fed = self._attach(duty)
         with self._running:
-            if start is None:
+            if start is not None:  # the driver has passed on the rows up to where it starts the run
+                with self._lock:
+                    self._relayed = max(self._relayed, start.state.round)
+            else:
                 start = start_of(fed, duty.run_dir, resume=checkpoint.exists(duty.run_dir))
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
@@ -126,14 +129,16 @@ class Coordinator:
             self._notes.append(line)
 
     def progress(self, relayed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
-        """Round rows finished and notices (the executor's: actors lost, rounds run again) since the
-        last call; `relayed`: the last round the driver has passed on (`ray.rounds_ahead`)."""
+        """The round rows finished after round `relayed` (the last the driver has passed on,
+        `ray.rounds_ahead`), and the notices (the executor's: actors lost, rounds run again)
+        since the last call. A row is kept until the driver says it passed it on: a reply lost on
+        the way (`ActorUnavailableError` from a coordinator that lives) loses no row."""
         with self._lock:
             self._relayed = max(self._relayed, relayed)
             self._heard.notify_all()
-            rows, self._rows = self._rows, []
+            self._rows = [row for row in self._rows if row["round"] > self._relayed]
             notes, self._notes = self._notes, []
-        return rows, notes
+            return list(self._rows), notes
 
     def abandon(self, key: str) -> None:
         """Stop the run `key` if it is the one in progress, at its next wait for clients or round
@@ -146,7 +151,9 @@ class Coordinator:
     def reset(self) -> bool:
         """Stop the run in progress, if any, and once it ended forget it (federation, executor,
         rows, the global RNGs' draws) as if just started; returns True."""
-        self.stop.set()
+        with self._lock:
+            self.stop.set()
+            self._heard.notify_all()  # a round waiting for the driver
         with self._running, self._lock:
             self._clear()
             rng.restore_global_states(self.born)

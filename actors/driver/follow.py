@@ -30,29 +30,36 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
     while True:
         done = coordinator.run.remote(duty, begin)
         while (news := heard(coordinator, done, last, timeout_s)) is not None:
-            summary, rows, notes = news
+            finished, rows, notes = news
             for note in notes:
                 log.warning(note)
             for row in rows:
                 if row["round"] > last and progress is not None:
                     relay(progress, row)
                 last = max(last, row["round"])
-            if summary is not None:
-                return summary
+            if finished:
+                return ray.get(done)  # the summary, or the run's own error once its last rows and notices are out
         begin = None
 
 
 def heard(
     coordinator: Any, done: ray.ObjectRef, last: int, timeout_s: float
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]] | None:
-    """Within 0.5 s, what the coordinator's run `done` has to say: its summary once it ended
-    (else None), and the rows and notices since the last call (`last`: the round the driver
-    relayed last, `ray.rounds_ahead`). None when Ray is restarting the coordinator (one that
-    died for good raises `ActorDiedError`), after waiting until it answers again."""
+) -> tuple[bool, list[dict[str, Any]], list[str]] | None:
+    """Within 0.5 s, what the coordinator's run `done` has to say: whether it ended, and the rows
+    after round `last` (the one the driver relayed last) and the notices since the last call.
+    None when Ray is restarting the coordinator (one that died for good raises
+    `ActorDiedError`), after waiting until it answers again."""
     try:
         finished = bool(ray.wait([done], timeout=0.5)[0])
         rows, notes = answer(coordinator.progress.remote(last))
-        return (ray.get(done) if finished else None), rows, notes
+        if finished:
+            try:
+                ray.get(done)
+            except ActorUnavailableError:
+                raise
+            except Exception:  # the run's own error: `follow` raises it once these rows and notices are out
+                pass
+        return finished, rows, notes
     except ActorUnavailableError:
         if raystate.cluster_gone():
             raise ClusterGone() from None

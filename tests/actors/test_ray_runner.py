@@ -54,6 +54,18 @@ def test_under_rounds_ahead_the_coordinator_records_no_more_than_that_past_the_d
     assert all(n <= r + 1 for r, n in recorded), recorded
 
 
+def test_the_coordinator_keeps_a_row_until_the_driver_says_it_passed_it_on():
+    """A reply lost on the way (`ActorUnavailableError` from a coordinator that lives) loses no
+    row: the driver, asking again with the last round it passed on, gets it again."""
+    from actors.coordinator.actor import Coordinator
+
+    host = Coordinator.__ray_metadata__.modified_class()  # the class itself, in this process
+    host._rows = [{"round": 1}, {"round": 2}]
+    assert [r["round"] for r in host.progress(0)[0]] == [1, 2]
+    assert [r["round"] for r in host.progress(0)[0]] == [1, 2]  # the first reply never arrived
+    assert [r["round"] for r in host.progress(1)[0]] == [2] and host.progress(2)[0] == []
+
+
 def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     # clock: emulate makes every task last about 0.3-1 s of wall time, so the kill lands mid-round.
     cfg = load_config(
