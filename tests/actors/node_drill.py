@@ -6,7 +6,10 @@ The head has no CPU, so every actor lives on a worker node: A and B carry the re
 CPU for one of the two client actors. Once round 3 is checkpointed the coordinator's node goes
 (Ray restarts the coordinator on the other `coord` node, and it resumes); once round 6 is, the
 node of a client that does not host the coordinator. Each kill is made from the progress
-callback, so the run's actors are still there to be found whatever the machine's load."""
+callback under `drills.AHEAD`, so it lands while the run goes on whatever the machine's load.
+Without the bound a clean-clone CI run hung here until its 600 s timeout (2026-11-27); the
+likely cause, not proven: the rounds were done before the driver passed on round 3, and the
+drill then waited on actors Ray could not place again (`node_of`, 120 s each)."""
 
 import json
 import sys
@@ -19,7 +22,7 @@ from ray.cluster_utils import Cluster
 
 from rayfl import api
 from rayfl.config.load import load_config
-from tests.actors.drills import actors_of
+from tests.actors.drills import AHEAD, actors_of
 
 
 def node_of(actor) -> str:
@@ -46,6 +49,7 @@ def main(run_dir: Path, rounds: int) -> None:
         "model.name=mlp",
         "clock=emulate",
         "clock_scale=0.01",
+        AHEAD,  # the coordinator never more than a round past the row a kill is made at
     ]
     cfg = load_config(None, [*overrides, "ray.num_actors=2", "ray.coordinator_node=coord", "ray.actor_timeout_s=120"])
     killed = []
