@@ -7,20 +7,23 @@ selection and batch order (it borrows rayfl's data helpers and seeded draws, not
 
 Each side runs as a fresh process and is timed from launch to exit, so imports and, for
 rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs on
-Ray as `rayfl run` does by default (dashboard on) and with `ray.dashboard=false`, on a warm
+Ray as `rayfl run` does by default (dashboard on, its first rounds run in process while Ray
+and the actors come up: `ray.start_in_process`), as it did before that (`waiting`: the rounds wait for
+the actors), with `ray.dashboard=false`, on a warm
 cluster with a warm pool (`rayfl run --address` on a head `rayfl up` keeps, after one untimed
 run of the same workload that leaves its actors warm; the head is started for this run and
 stopped after it, so no other run shares the machine with it), and once in process (`--local`).
 Prints the wall times, the ratios, and the accuracies; also the time of the round loop alone (for rayfl from the first
 round's start to the last round's end, Ray already up).
 
-    python bench/fedavg_reference.py [--rounds 30] [--runs dashboard no-dashboard warm-pool local]
+    python bench/fedavg_reference.py [--rounds 30] [--repeat 5] [--runs dashboard waiting no-dashboard warm-pool local]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +43,7 @@ OVERRIDES = [
 
 RUNS = {  # --runs: label, config overrides, `rayfl run` flags (WARM: --address of the warm head)
     "dashboard": ("rayfl, dashboard on", [], []),
+    "waiting": ("rayfl, waits for Ray", ["ray.start_in_process=false"], []),
     "no-dashboard": ("rayfl, dashboard off", ["ray.dashboard=false"], []),
     "warm-pool": ("rayfl, warm pool", [], ["--address", "WARM"]),
     "local": ("rayfl --local", [], ["--local"]),
@@ -115,15 +119,13 @@ def main() -> None:
         default=list(RUNS),
         help="which rayfl runs (a machine without the dashboard's packages: leave out dashboard)",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="paired repeats (medians are printed)")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
         print(json.dumps(plain_loop(args.rounds)))
         return
 
-    plain_wall, plain_out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
-    plain = json.loads(plain_out.strip().splitlines()[-1])
-    runs = {}
     from actors.driver import head
 
     if head.kept() is not None:
@@ -131,32 +133,43 @@ def main() -> None:
             "bench/fedavg_reference.py: a head rayfl up keeps is running; rayfl down first (its processes would slow "
             "the cold runs)"
         )
+    plain_walls, plain_loops, walls, summaries = [], [], {RUNS[r][0]: [] for r in args.runs}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra, flags in (RUNS[r] for r in args.runs):
-            sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
-            out = f"{tmp}/{len(runs)}"
-            if "WARM" not in flags:
-                wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
-            else:  # the head started for this run alone; an untimed run of the workload leaves its pool warm
-                flags = [
-                    head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if f == "WARM" else f
-                    for f in flags
-                ]
-                try:
-                    timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", f"{tmp}/warm-up"])
+        for _ in range(args.repeat):  # each repeat: the plain loop, then every run beside it
+            wall, out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
+            plain = json.loads(out.strip().splitlines()[-1])
+            plain_walls.append(wall)
+            plain_loops.append(plain["loop_s"])
+            for label, extra, flags in (RUNS[r] for r in args.runs):
+                sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
+                out = f"{tmp}/{len(summaries)}-{len(plain_walls)}"
+                if "WARM" not in flags:
                     wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
-                finally:
-                    head.down()
-            runs[label] = (wall, json.loads(Path(out, "summary.json").read_text()))
+                else:  # the head started for this run alone; an untimed run of the workload leaves its pool warm
+                    flags = [
+                        head.up(num_cpus=None, num_gpus=None, dashboard=False)["address"] if f == "WARM" else f
+                        for f in flags
+                    ]
+                    try:
+                        timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", f"{tmp}/warm-up"])
+                        wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
+                    finally:
+                        head.down()
+                walls[label].append(wall)
+                summaries[label] = json.loads(Path(out, "summary.json").read_text())
+    median = statistics.median
     print(f"workload: digits, 100 clients, 10/round, {args.rounds} rounds, 5 epochs, batch 10, cnn2, SGD 0.02 m0.9")
-    print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio (loop)':>14}")
-    print(f"{'plain PyTorch loop':<24}{plain_wall:>16.1f}{plain['loop_s']:>14.1f}{plain['accuracy']:>10.4f}")
-    for label, (wall, summary) in runs.items():
+    print(f"medians of {args.repeat}; ratio: the median of each repeat's wall over the plain loop's beside it")
+    print(f"{'':<24}{'process wall s':>16}{'round loop s':>14}{'accuracy':>10}{'ratio (wall)':>14}{'ratio range':>14}")
+    plain_row = f"{median(plain_walls):>16.1f}{median(plain_loops):>14.1f}{plain['accuracy']:>10.4f}"
+    print(f"{'plain PyTorch loop':<24}{plain_row}")
+    for label, summary in summaries.items():
+        ratios = [w / p for w, p in zip(walls[label], plain_walls)]
         print(
-            f"{label:<24}{wall:>16.1f}{summary['wall_time_s']:>14.1f}{summary['final_test_accuracy']:>10.4f}"
-            f"{wall / plain_wall:>14.2f}{summary['wall_time_s'] / plain['loop_s']:>14.2f}"
+            f"{label:<24}{median(walls[label]):>16.1f}{summary['wall_time_s']:>14.1f}"
+            f"{summary['final_test_accuracy']:>10.4f}{median(ratios):>14.2f}{f'{min(ratios):.2f}-{max(ratios):.2f}':>14}"
         )
-    worst = max(abs(s["final_test_accuracy"] - plain["accuracy"]) for _, s in runs.values())
+    worst = max(abs(s["final_test_accuracy"] - plain["accuracy"]) for s in summaries.values())
     print(f"largest accuracy difference: {worst * 100:.2f} points")
 
 

@@ -51,9 +51,11 @@ def run(
     """Run one federation on Ray: a coordinator actor and client actors (on a running cluster
     borrowed warm from its pool, `actors/keeper.py`; `run_id`, default RUN_DIR's name, names the
     run; `actors/driver/launch.py`); returns the summary. With `resume`, continue RUN_DIR from its
-    newest checkpoint. `timings`, when given, receives the seconds of each phase: `build`, `ray_start`, `actors`
-    (started or borrowed, and warmed), `rounds`, `shutdown`. The whole input is checked before
-    Ray starts: the federation is built here, once, and enters the object store once."""
+    newest checkpoint. `timings`, when given, receives the seconds of each phase: `build`, `ray_start`,
+    `actors` (started or borrowed, and warmed), `rounds`, `shutdown`; a run begun in this process while
+    the actors came up (`ray.start_in_process`) has `in_process` (its rounds here) instead of
+    `ray_start`. The whole input is checked before Ray starts: the federation is built here, once,
+    and enters the object store once."""
     phase = Phases(timings)
     run_dir = Path(run_dir or new_run_dir(config))
     fed, start = prepare(config, run_dir, resume)  # the whole input checked; the federation built once
@@ -76,6 +78,10 @@ def run(
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
     except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
         raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
+    except ConfigError:
+        raise
+    except Exception as exc:  # the rounds begun in this process (`ray.start_in_process`) raised: their own error
+        raise broke_off(exc, run_dir) from exc
 
 
 class Phases:
@@ -215,11 +221,17 @@ def retried(call: Callable[[], T], what: str, budget_s: float = 60.0) -> T:
             delay = min(2 * delay, 8.0)
 
 
+FAILED_TAIL = 20
+"""How many of a failed job's last log lines `wait` shows when it was quiet (its traceback)."""
+
+
 def wait(address: str, job: str, verbose: bool = False) -> int:
     """Follow a job until it ends; 0 if it succeeded, 1 otherwise. Quiet (`Quiet`) unless
-    `verbose`, which streams every log line."""
+    `verbose`, which streams every log line; a job that did not succeed is followed on stderr by
+    its last `FAILED_TAIL` log lines when they were not shown, so that the cause is on screen."""
     import asyncio
     import sys
+    from collections import deque
 
     from ray.job_submission import JobStatus
 
@@ -227,6 +239,7 @@ def wait(address: str, job: str, verbose: bool = False) -> int:
     from .console import Quiet
 
     quiet = Quiet(sys.stdout.write)
+    last: deque[str] = deque(maxlen=FAILED_TAIL)
 
     async def tail() -> None:
         pending = ""
@@ -238,14 +251,18 @@ def wait(address: str, job: str, verbose: bool = False) -> int:
             *lines, pending = pending.split("\n")
             for line in lines:
                 quiet(line)
+                last.append(line)
         if pending and not verbose:
             quiet(pending)
+            last.append(pending)
 
     asyncio.run(tail())
     quiet.close()
     status = jobs.get_job_status(job)
     if status != JobStatus.SUCCEEDED:
         print(f"rayfl: job {job} {status.value.lower()}", file=sys.stderr)
+        if last:
+            print(f"rayfl: its last {len(last)} log lines:", *last, sep="\n", file=sys.stderr)
     return 0 if status == JobStatus.SUCCEEDED else 1
 
 

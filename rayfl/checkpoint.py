@@ -150,7 +150,19 @@ def save(
 ) -> Path:
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()  # serialized here, written by Python: a full disk raises OSError naming the file
+    data = dumps(state, virtual_time_s, pending, batteries, config)  # written by Python: a full disk names the file
+    return write_atomic(folder / f"round_{state.round:05d}.pt", data)  # never half a checkpoint under its name
+
+
+def dumps(
+    state: ServerState,
+    virtual_time_s: float,
+    pending: Any = None,
+    batteries: Any = None,
+    config: Mapping[str, Any] | None = None,
+) -> bytes:
+    """A checkpoint's bytes (what `save` writes)."""
+    buffer = io.BytesIO()
     torch.save(
         {
             "state": encode(state),
@@ -161,9 +173,12 @@ def save(
         },
         buffer,
     )
-    return write_atomic(
-        folder / f"round_{state.round:05d}.pt", buffer.getvalue()
-    )  # never half a checkpoint under its name
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> Saved:
+    """A checkpoint read back from its bytes: what a run continues from (`latest` reads a file's)."""
+    return checked(torch.load(io.BytesIO(data), weights_only=True))
 
 
 def _paths(run_dir: str | Path) -> list[Path]:
@@ -192,7 +207,7 @@ def latest(run_dir: str | Path) -> Saved:
     broken: list[str] = []
     for path in reversed(paths):
         try:
-            saved = dataclasses.replace(checked(torch.load(path, weights_only=True)), path=path)
+            saved = dataclasses.replace(loads(path.read_bytes()), path=path)
         except Exception as exc:  # a broken file fails in the zip reader, the unpickler, decode or `checked`
             first = (str(exc).splitlines() or [""])[0][:120]
             broken.append(f"{path} ({first if isinstance(exc, ConfigError) else f'{type(exc).__name__}: {first}'})")

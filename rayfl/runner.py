@@ -20,6 +20,7 @@ from .engine import (
     GroupOutcome,
     Pace,
     Progress,
+    Start,
     new_run_dir,
     prepare,
     run_federation,
@@ -68,6 +69,18 @@ def run_local(
     """The whole federation in this process, sequentially (tests, debugging, the reference).
     With `resume`, RUN_DIR continues from its newest intact checkpoint."""
     run_dir = run_dir or new_run_dir(config)
+    fed, start = prepare(config, run_dir, resume)
+    return run_in_process(fed, start, run_dir, progress)
+
+
+def run_in_process(
+    fed: Federation,
+    start: Start,
+    run_dir: str | Path,
+    progress: Progress | None = None,
+    pause: Callable[[int], bool] | None = None,
+) -> dict[str, Any]:
+    """The rounds of a built federation from `start` in this process; `pause`: `run_federation`'s
+    (a run that the driver begins while its actors come up, `actors/driver/launch.py`)."""
     with torch_threads():
-        fed, start = prepare(config, run_dir, resume)
-        return run_federation(fed, InProcessExecutor(fed), run_dir, start, progress)
+        return run_federation(fed, InProcessExecutor(fed), run_dir, start, progress, pause)

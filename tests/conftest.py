@@ -47,6 +47,8 @@ def digits():
 def ray_cluster():
     import ray
 
+    from actors.driver.head import SYSTEM_CONFIG
+
     ray.init(
         address="local",
         num_cpus=2,
@@ -54,6 +56,7 @@ def ray_cluster():
         object_store_memory=200 * 1024**2,
         include_dashboard=False,
         log_to_driver=False,
+        _system_config=SYSTEM_CONFIG,  # as rayfl starts its clusters: the workers not behind a busy machine's work
     )
     try:
         yield ray

@@ -46,6 +46,9 @@ class Coordinator:
     it with that, and a pooled host serves one run after another, `reset` between them): each
     `warm` and `run` call brings its run's `Duty`."""
 
+    series = DashboardMetrics
+    """What publishes the round rows (Ray's metrics endpoint)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._heard = threading.Condition(self._lock)  # the driver relayed a row, or the run is stopped
@@ -107,10 +110,11 @@ class Coordinator:
                 start = start_of(fed, duty.run_dir, resume=checkpoint.exists(duty.run_dir))
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
-            elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds else 0.0
-            self.metrics = DashboardMetrics(
-                duty.key, fed.config.algorithm.name, elapsed
-            )  # the key: two runs' series never mix
+            carried = start.recorder.rounds if start.moved else []  # recorded by the driver: published here
+            elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds and not carried else 0.0
+            self.metrics = self.series(duty.key, fed.config.algorithm.name, elapsed)  # the key: runs never mix
+            for row in carried:
+                self.metrics.record(row, self.executor.alive())
             with torch_threads():
                 return run_federation(fed, self.executor, duty.run_dir, start, self._on_round)
 

@@ -18,7 +18,7 @@ from ray.exceptions import AuthenticationError
 from rayfl.config import ConfigError, RunConfig, shown
 
 from .. import raystate
-from .head import joining
+from .head import SYSTEM_CONFIG, joining
 
 PROBE_S = 5.0
 """Seconds a cluster's address has to accept a connection, and then again to answer as a Ray head."""
@@ -89,9 +89,10 @@ def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
 
 def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
     """Join the running cluster (`head.joining`: `address`, $RAY_ADDRESS or the kept head; probed
-    first), else start a local cluster sized
-    to the machine, with the dashboard on 127.0.0.1 if asked; Ray's log lines and the workers'
-    output only when `verbose`. Returns whether this call connected (and should disconnect)."""
+    first), else start a local cluster sized to the machine (its workers at this process's
+    priority, `head.SYSTEM_CONFIG`), with the dashboard on 127.0.0.1 if asked; Ray's log lines
+    and the workers' output only when `verbose`. Returns whether this call connected (and should
+    disconnect)."""
     import ray
 
     if ray.is_initialized():
@@ -102,7 +103,13 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
         probe(address)
         ray.init(address=address, **quiet)
     else:
-        ray.init(address="local", include_dashboard=dashboard, dashboard_host="127.0.0.1", **quiet)
+        ray.init(
+            address="local",
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            _system_config=SYSTEM_CONFIG,
+            **quiet,
+        )
     return True
 
 

@@ -27,6 +27,10 @@ from rayfl.storage import HOME
 from .. import raystate
 
 RECORD = HOME / "head.json"
+SYSTEM_CONFIG = {"worker_niceness": 0}
+"""Ray's settings for the clusters rayfl starts (a run's own, `rayfl up`'s): the workers at the
+driver's priority. Ray starts them at nice 15 behind every other process, so on a machine busy
+with other work a run's actors got a few percent of a core (docs/ray.md, "A busy machine")."""
 
 
 def kept() -> dict[str, Any] | None:
@@ -101,6 +105,7 @@ def up(
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dash = free_port(), free_port(dashboard_port or 0)
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
+    cmd += ["--system-config", json.dumps(SYSTEM_CONFIG)]
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
     cmd += ["--num-cpus", str(num_cpus)] if num_cpus is not None else []

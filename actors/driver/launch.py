@@ -9,8 +9,10 @@ actors hold.
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import Federation, Progress, Start
+from rayfl.engine import Federation, Paused, Progress, Start
+from rayfl.runner import run_in_process
 
 from .. import raystate
 from ..client import ClientActor
@@ -45,34 +48,134 @@ def launch(
     """The rounds of `fed` from `start` on Ray: join the running cluster at `address` (resolved by
     `head.joining` before Ray was imported) or start a local one, gather
     the run's actors and wait until they answer (the federation in the object store once), follow
-    the coordinator to the end, give the actors back; the run's summary. `phase(name)` marks the
-    end of `ray_start`, `actors`, `rounds` and `shutdown`."""
+    the coordinator to the end, give the actors back; the run's summary. Under
+    `ray.start_in_process` (`starts_in_process`) the rounds begin in this process meanwhile and
+    move onto the actors at the first round boundary after they answer (`hands_over`); a run
+    that ends first stops the cluster half started. `phase(name)` marks the end of `ray_start`
+    (or of the rounds run here, `in_process`), `actors`, `rounds` and `shutdown`."""
     config = fed.config
     running = ray.is_initialized() or bool(address)
     if not running:
         check_fits_here(config)
-    connected = connect(address, config.ray.dashboard)
-    phase("ray_start")
-    crew, gone = None, False
+    up = BringUp(fed, run_dir, run_id, address, pooled=running and config.ray.pool_idle_s > 0)
     try:
-        crew = gather(config, run_id, pooled=running and config.ray.pool_idle_s > 0)
-        duty = Duty([ray.put(fed)], crew.clients, str(run_dir), crew.key)
-        coordinator_ready = crew.coordinator.warm.remote(duty)
-        wait_for_actors(crew.clients, config.ray.actor_timeout_s, log.info, federation_ref=duty.federation_box[0])
-        answer(coordinator_ready)
+        if starts_in_process(config, running):
+            begun = copy.deepcopy(fed)  # the rounds here change its caches; the actors get it as built
+            up.start()
+            try:
+                summary = run_in_process(begun, start, run_dir, progress, lambda r: hands_over(r, up.done.is_set()))
+                phase("in_process")
+                return summary
+            except Paused as paused:
+                start = paused.start
+            phase("in_process")
+            up.done.wait()  # answered already, unless `hands_over` moved before
+            up.check()
+            log.info(
+                f"rounds 1-{start.state.round} ran in this process while the actors came up; the actors run the rest"
+            )
+        else:
+            up.run(phase)
+            up.check()
         phase("actors")
-        summary = follow(crew.coordinator, duty, start, progress, config.ray.actor_timeout_s)
+        summary = follow(up.crew.coordinator, up.duty, start, progress, config.ray.actor_timeout_s)
         phase("rounds")
         return summary
     except ClusterGone:
-        gone = True  # no actor to hand back, no cluster to leave: Ray's calls would wait for its GCS
+        up.gone = True  # no actor to hand back, no cluster to leave: Ray's calls would wait for its GCS
         raise
     finally:
-        if crew is not None and not gone:
-            release(crew, config.ray.actor_timeout_s)
-        if connected:
-            ray.shutdown()
+        up.close()
         phase("shutdown")
+
+
+def starts_in_process(config: RunConfig, running: bool) -> bool:
+    """Whether the run begins in this process (`ray.start_in_process`): under `auto` when it starts
+    a local cluster of its own and its actors train on the CPU, as this process does."""
+    wanted = config.ray.start_in_process
+    return wanted is True or (wanted == "auto" and not running and config.ray.gpus_per_actor == 0)
+
+
+def hands_over(round: int, ready: bool) -> bool:
+    """Whether a run begun in this process moves onto the actors after `round`: as soon as they
+    answer (`ready`). (The tests move at a chosen round instead, waiting there for the actors.)"""
+    return ready
+
+
+class Cancelled(Exception):
+    """The bring-up was stopped: the run ended before it needed the actors."""
+
+
+class BringUp(threading.Thread):
+    """A run's cluster and actors brought up: connected (or a local cluster started), the crew
+    gathered, the federation put in the object store once, every actor warmed; in this thread
+    (`run`) or beside the rounds that begin in this process (`start`). `close` stops it where it
+    is, hands the actors back and leaves the cluster, however the run ended.
+
+    Started beside the rounds, the thread lives until `close`, and leaves the cluster itself: the
+    processes of a local cluster that it started end with it (Ray starts them with Linux's
+    `PR_SET_PDEATHSIG`, which fires when the thread that started them ends, not the process)."""
+
+    def __init__(self, fed: Federation, run_dir: Path, run_id: str, address: str | None, pooled: bool):
+        super().__init__(name="rayfl-bring-up", daemon=True)
+        self.fed, self.run_dir, self.run_id, self.address, self.pooled = fed, run_dir, run_id, address, pooled
+        self.connected, self.gone = False, False
+        self.crew: Crew | None = None
+        self.duty: Duty | None = None
+        self.error: BaseException | None = None
+        self.done, self.cancelled, self.leave = threading.Event(), threading.Event(), threading.Event()
+
+    def run(self, phase: Callable[[str], None] = lambda name: None) -> None:
+        config = self.fed.config
+        try:
+            self.connected = connect(self.address, config.ray.dashboard)
+            phase("ray_start")
+            self._cancelled()
+            self.crew = gather(config, self.run_id, self.pooled)
+            self._cancelled()
+            self.duty = Duty([ray.put(self.fed)], self.crew.clients, str(self.run_dir), self.crew.key)
+            coordinator_ready = self.crew.coordinator.warm.remote(self.duty)
+            wait_for_actors(
+                self.crew.clients,
+                config.ray.actor_timeout_s,
+                log.info,
+                federation_ref=self.duty.federation_box[0],
+                stop=self.cancelled,
+            )
+            answer(coordinator_ready)
+        except BaseException as exc:  # raised in the run's thread by `check`
+            self.error = exc
+        finally:
+            self.done.set()
+        if threading.current_thread() is self:
+            self.leave.wait()
+            self._leave_cluster()
+
+    def _cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled()
+
+    def check(self) -> None:
+        """Raise what stopped the bring-up, if anything did."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.cancelled.set()
+        beside = self.ident is not None  # started as a thread
+        if beside:
+            self.done.wait()  # Ray's start is not interrupted: a local cluster half started is left whole
+        if self.crew is not None and not self.gone:
+            release(self.crew, self.fed.config.ray.actor_timeout_s)
+        self.leave.set()
+        if beside:
+            self.join()
+        else:
+            self._leave_cluster()
+
+    def _leave_cluster(self) -> None:
+        if self.connected and not self.gone:
+            ray.shutdown()
 
 
 @dataclass
@@ -239,17 +342,20 @@ def wait_for_actors(
     report: Callable[[str], None],
     every_s: float = 5.0,
     federation_ref: ray.ObjectRef | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
     reporting what is still pending every `every_s` seconds (actors that fit the cluster may wait
     for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
     actor that dies meanwhile is asked again once Ray restarted it; one whose constructor failed
-    raises here."""
+    raises here; `Cancelled` within half a second of `stop`."""
     call = (lambda a: a.info.remote()) if federation_ref is None else (lambda a: a.warm.remote([federation_ref]))
     owner = {call(a): a for a in actors}
     started = reported = time.monotonic()
     while True:
-        ready, _ = ray.wait(list(owner), num_returns=len(owner), timeout=every_s)
+        ready, _ = ray.wait(list(owner), num_returns=len(owner), timeout=every_s if stop is None else 0.5)
+        if stop is not None and stop.is_set():
+            raise Cancelled()
         for ref in ready:
             actor = owner.pop(ref)
             try:

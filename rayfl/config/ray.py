@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import MAX_ACTORS, ConfigError, Strict
 
@@ -37,6 +37,13 @@ class RayConfig(Strict):
         description="rounds the coordinator may finish past the last one the driver has passed to its progress "
         "callback (a Tune report, a drill's action) before it waits; none: no bound (docs/ray.md)",
     )
+    start_in_process: Literal["auto"] | bool = Field(
+        "auto",
+        description="run the first rounds in the driver's process while the cluster and the actors come up, and move "
+        "the run onto the actors at the first round boundary after they answer (the same tables); auto: when the run "
+        "starts a local cluster of its own and its actors take no GPU; true: on a running cluster too (actors that "
+        "wait for free resources or new nodes); false: wait for the actors (docs/ray.md)",
+    )
     pool_idle_s: float = Field(
         300.0,
         ge=0,
@@ -55,6 +62,15 @@ class RayConfig(Strict):
         "so results do not depend on the runner; auto: 5, or with gpus_per_actor the round's clients per "
         "actor (under num_actors auto, the actors one GPU holds)",
     )
+
+    @model_validator(mode="after")
+    def _same_device(self) -> "RayConfig":
+        if self.start_in_process is True and self.gpus_per_actor > 0:
+            raise ValueError(
+                "ray.start_in_process: true runs rounds on the driver's CPU, and ray.gpus_per_actor puts the actors "
+                "on a GPU: the tables would differ (set it to auto or false)"
+            )
+        return self
 
 
 @dataclass(frozen=True)

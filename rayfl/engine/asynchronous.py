@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import numpy as np
 
@@ -207,7 +207,7 @@ class Asynchronous:
         virtual_time_s: float,
         pending: Pending | None,
         batteries: Batteries,
-    ) -> Iterator[RoundOutcome]:
+    ) -> Generator[RoundOutcome, None, None]:
         queue = Queue(fed, executor, state, virtual_time_s, pending, batteries)
         done: RoundOutcome | None = None
         while queue.state.round < fed.config.federation.rounds:

@@ -25,7 +25,7 @@ busy) only waits for the next late arrival: it is never abandoned.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from ..algorithms.messages import ClientResult, ClientTask, ServerState
 from ..algorithms.staleness import carried
@@ -89,7 +89,7 @@ class Deadline:
         virtual_time_s: float,
         pending: Pending | None,
         batteries: Batteries,
-    ) -> Iterator[RoundOutcome]:
+    ) -> Generator[RoundOutcome, None, None]:
         late = Late(fed, executor, pending)
         last = fed.config.federation.rounds
         if state.round >= last:

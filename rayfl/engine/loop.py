@@ -75,6 +75,19 @@ class Start:
     """A resumed deadline or asynchronous run's clients in flight at its checkpoint (`checkpoint.Saved.pending`)."""
     batteries: Batteries = field(default_factory=Batteries)
     """The devices' charge (a resumed run's at its checkpoint)."""
+    moved: bool = False
+    """Its rows were recorded in the driver's process, which began the run there while the actors
+    came up (`Paused`, `ray.start_in_process`): the coordinator publishes them on its series too."""
+
+
+class Paused(Exception):
+    """`run_federation` stopped at a round boundary because its `pause` said so; `start` continues
+    the run there: the state a checkpoint of that round holds (read back from its bytes, as a
+    resume reads it) and the rows so far."""
+
+    def __init__(self, start: Start):
+        super().__init__(f"paused after round {start.state.round}")
+        self.start = start
 
 
 def prepare(config: RunConfig, run_dir: str | Path, resume: bool = False) -> tuple[Federation, Start]:
@@ -109,8 +122,13 @@ def start_of(fed: Federation, run_dir: str | Path, resume: bool) -> Start:
         saved = checkpoint.latest(run_dir)
         recorder = Recorder.reopen(run_dir, saved.state.round)
         check_resume(fed.config, fresh, saved, recorder, f"--resume {run_dir}")
-        return Start(saved.state, saved.virtual_time_s, recorder, saved.pending, saved.batteries or Batteries())
+        return continuing(saved, recorder)
     return Start(fresh, 0.0, Recorder(run_dir))
+
+
+def continuing(saved: checkpoint.Saved, recorder: Recorder, moved: bool = False) -> Start:
+    """The start that continues a run from a checkpoint (read from its file or its bytes)."""
+    return Start(saved.state, saved.virtual_time_s, recorder, saved.pending, saved.batteries or Batteries(), moved)
 
 
 def check_resume(
@@ -179,12 +197,19 @@ def _not_finite(value: Any, where: str) -> Iterator[str]:
 
 
 def run_federation(
-    fed: Federation, executor: Executor, run_dir: str | Path, start: Start, progress: Progress | None = None
+    fed: Federation,
+    executor: Executor,
+    run_dir: str | Path,
+    start: Start,
+    progress: Progress | None = None,
+    pause: Callable[[int], bool] | None = None,
 ) -> dict[str, Any]:
     """All rounds of one federation from `start` as the scheduler of its `federation.mode`
     settles them; writes RUN_DIR as it goes and returns the summary. Each round is evaluated, recorded,
     checkpointed and reported while the scheduler's next clients train. A resumed run recomputes
-    the rows after its checkpoint (identically, since every draw is keyed by round)."""
+    the rows after its checkpoint (identically, since every draw is keyed by round). `pause(r)`,
+    asked after each round r but the last, True: `Paused` with the start that continues the run
+    (elsewhere: `ray.start_in_process`)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if start.state.round == 0:  # a fresh run (a resumed one starts from a checkpoint's round >= 1)
@@ -212,15 +237,25 @@ def run_federation(
             checkpoint.save(run_dir, out.state, row["virtual_time_s"], out.pending, out.batteries, written_by)
         if progress is not None:
             progress(row)
+        if pause is not None and out.state.round < fed_cfg.rounds and pause(out.state.round):
+            saved = checkpoint.loads(checkpoint.dumps(out.state, row["virtual_time_s"], out.pending, out.batteries))
+            raise Paused(continuing(saved, recorder, moved=True))
 
+    rounds = SCHEDULERS[fed_cfg.mode]().rounds(
+        fed, executor, start.state, start.virtual_time_s, start.pending, start.batteries.snapshot()
+    )
     try:
-        for out in SCHEDULERS[fed_cfg.mode]().rounds(
-            fed, executor, start.state, start.virtual_time_s, start.pending, start.batteries.snapshot()
-        ):
+        for out in rounds:
             finish(out)
     finally:
+        rounds.close()  # a paused run's next clients never train here
         if board is not None:
             board.close()
+    return summary_of(fed, recorder)
+
+
+def summary_of(fed: Federation, recorder: Recorder) -> dict[str, Any]:
+    """summary.json: the recorder's figures, and the run's setting and model size."""
     cost = fed.cost_of(fed.policy.global_model())
     extra = {
         "dataset": fed.config.data.name,
@@ -230,4 +265,4 @@ def run_federation(
         "model_train_flops_per_sample": cost.train_flops,
         **(fed.policy.summary() if isinstance(fed.policy, Summarizes) else {}),
     }
-    return recorder.summary(fed.config.algorithm.name, extra, fed_cfg.target_accuracy)
+    return recorder.summary(fed.config.algorithm.name, extra, fed.config.federation.target_accuracy)

@@ -11,7 +11,7 @@ close at the K-th update or a deadline (`deadline.Deadline`); `async`: FedAsync 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator, Protocol
+from typing import Any, Generator, Protocol
 
 from ..algorithms.messages import ServerState
 from .admission import Batteries
@@ -30,7 +30,7 @@ class Scheduler(Protocol):
         virtual_time_s: float,
         pending: Any,
         batteries: Batteries,
-    ) -> Iterator[RoundOutcome]:
+    ) -> Generator[RoundOutcome, None, None]:
         """The settled (not yet evaluated) rounds after `state`, up to `federation.rounds`, each
         with the virtual clock at its end and what to checkpoint besides the state
         (`RoundOutcome.pending`, given back as `pending` on resume; `RoundOutcome.batteries`,
@@ -51,7 +51,7 @@ class Synchronous:
         virtual_time_s: float,
         pending: Any,
         batteries: Batteries,
-    ) -> Iterator[RoundOutcome]:
+    ) -> Generator[RoundOutcome, None, None]:
         done: RoundOutcome | None = None
         sums = fed.account.sums  # a synchronous round takes every update: summed where it ran
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):

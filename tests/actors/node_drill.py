@@ -20,6 +20,7 @@ import ray
 from ray._private import state
 from ray.cluster_utils import Cluster
 
+from actors.driver.head import SYSTEM_CONFIG
 from rayfl import api
 from rayfl.config.load import load_config
 from tests.actors.drills import AHEAD, actors_of
@@ -36,7 +37,10 @@ def node_of(actor) -> str:
 
 
 def main(run_dir: Path, rounds: int) -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": SYSTEM_CONFIG},
+    )
     workers = {
         name: cluster.add_node(num_cpus=1, resources=res)
         for name, res in (("A", {"coord": 1}), ("B", {"coord": 1}), ("C", {}))

@@ -206,9 +206,13 @@ def test_a_failing_job_returns_non_zero(head_node, tmp_path):
         text=True,
         timeout=300,
     )
-    # The job's run finds no CIFAR-10 under data_dir: the job fails and --wait says so.
+    # The job's run finds no CIFAR-10 under data_dir: the job fails and --wait says so, then shows
+    # the job's last log lines (what the quiet view dropped, a traceback's tail, is there too).
     assert out.returncode == 1
-    assert "cifar10 not found" in out.stdout + out.stderr
+    said = out.stderr.split("\n")
+    failed = next(i for i, line in enumerate(said) if line.startswith("rayfl: job rayfl-fedavg-cifar10-"))
+    assert said[failed].endswith(" failed") and said[failed + 1].startswith("rayfl: its last ")
+    assert any("cifar10 not found" in line for line in said[failed + 2 :]), out.stderr
 
 
 def test_a_job_without_out_lands_under_home_and_fetch_brings_it_back(head_node, tmp_path):

@@ -161,8 +161,8 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
 
 def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(ray_cluster, tmp_path):
     """Beside another Ray head on the host (this session's, on Ray's default agent ports): the kept
-    head takes free ports for every service. A run going on it when `rayfl down` stops it ends
-    at once with the line that says how to resume."""
+    head takes free ports for every service, and takes runs and jobs. A run going on it when
+    `rayfl down` stops it ends at once with the line that says how to resume."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # nothing of this session's Ray
     env["HOME"] = str(tmp_path / "home")  # its own ~/rayfl/head.json and token
     rayfl = lambda *args: subprocess.run(
@@ -183,6 +183,8 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
             status.stdout
         )
         pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
+        job = rayfl("submit", "--address", record["dashboard"], "--wait", "--set", "federation.rounds=1")
+        assert job.returncode == 0 and "final test accuracy" in job.stdout, job.stdout + job.stderr  # its own agent
         going = tmp_path / "going"  # a run that `rayfl down` stops under it
         run = subprocess.Popen(
             [sys.executable, "-m", "rayfl", "run", "--set", "model.name=mlp", "--set", "federation.rounds=100000"]
