@@ -135,14 +135,14 @@ def main() -> None:
         )
     plain_walls, plain_loops, walls, summaries = [], [], {RUNS[r][0]: [] for r in args.runs}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeat):  # each repeat: the plain loop, then every run beside it
+        for repeat in range(args.repeat):  # each repeat: the plain loop, then every run beside it
             wall, out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
             plain = json.loads(out.strip().splitlines()[-1])
             plain_walls.append(wall)
             plain_loops.append(plain["loop_s"])
-            for label, extra, flags in (RUNS[r] for r in args.runs):
+            for which, (label, extra, flags) in enumerate(RUNS[r] for r in args.runs):
                 sets = [a for o in [*OVERRIDES, f"federation.rounds={args.rounds}", *extra] for a in ("--set", o)]
-                out = f"{tmp}/{len(summaries)}-{len(plain_walls)}"
+                out = f"{tmp}/{which}-{repeat}"
                 if "WARM" not in flags:
                     wall, _ = timed([sys.executable, "-m", "rayfl", "run", *flags, *sets, "--out", out])
                 else:  # the head started for this run alone; an untimed run of the workload leaves its pool warm

@@ -4,7 +4,9 @@ cluster with a cold pool, and on a warm pool, side by side.
 Each run is a fresh process (`python -m rayfl run`-alike), timed from launch to exit:
 
 - `--local`: in process, no Ray;
-- cold local cluster: `rayfl run` starting (and stopping) its own local cluster and actors;
+- cold local cluster: `rayfl run` starting (and stopping) its own local cluster and actors,
+  its rounds begun in process meanwhile (`ray.start_in_process: auto`), and the same waiting for
+  them (`false`, as before 2026-11-27);
 - warm cluster, cold pool: `rayfl run --address` on a head that is already up (started here by
   `rayfl up`'s code and stopped at the end), its pool drained first;
 - warm pool: the same run again, which borrows the actors the previous one handed back.
@@ -14,8 +16,9 @@ small machine), the others after it, with `--local` again beside the head; each 
 is against the `--local` runs of its own phase.
 
 The Ray sides' breakdown comes from `rayfl.api.run(timings=...)`: imports (process start to the
-call), building and checking the federation, starting or joining the cluster, starting or
-borrowing and warming the actors, the rounds, and handing back or stopping.
+call), building and checking the federation, the rounds begun in process (until the run moved
+or ended), starting or joining the cluster, starting or borrowing and warming the actors (the
+rounds begun in process overlap both), the rounds on the actors, and handing back or stopping.
 
     python bench/startup.py [--rounds 1] [--repeat 3] [--set KEY=VALUE ...]
 """
@@ -32,12 +35,13 @@ import tempfile
 import time
 
 BASE = ["ray.dashboard=false"]
-SIDES = {  # label -> (--one mode, measured while the warm head is up)
-    "in process (--local)": ("local", False),
-    "cold local cluster": ("ray", False),
-    "in process, beside the warm head": ("local", True),
-    "warm cluster, cold pool": ("ray", True),
-    "warm pool": ("ray", True),
+SIDES = {  # label -> (--one mode, measured while the warm head is up, its own settings)
+    "in process (--local)": ("local", False, []),
+    "cold local cluster": ("ray", False, []),
+    "cold local cluster, waiting for Ray": ("ray", False, ["ray.start_in_process=false"]),
+    "in process, beside the warm head": ("local", True, []),
+    "warm cluster, cold pool": ("ray", True, []),
+    "warm pool": ("ray", True, []),
 }
 
 
@@ -102,13 +106,14 @@ def main() -> None:
     parts: dict[str, list[dict]] = {side: [] for side in SIDES}
 
     def measure(side: str, address: str | None) -> None:
-        wall, timings = timed(SIDES[side][0], sets, address)
+        wall, timings = timed(SIDES[side][0], [*sets, *SIDES[side][2]], address)
         walls[side].append(wall)
         parts[side].append(timings)
 
     for _ in range(args.repeat):  # no other cluster on the machine
         measure("in process (--local)", None)
         measure("cold local cluster", None)
+        measure("cold local cluster, waiting for Ray", None)
     record = head.up(num_cpus=os.cpu_count(), num_gpus=None, dashboard=False)
     head.joining(None)  # this process set up to join it (token authentication) before Ray's import
     import ray
@@ -126,7 +131,7 @@ def main() -> None:
             measure("in process, beside the warm head", None)
     finally:
         head.down()
-    phases = ["imports", "build", "ray_start", "actors", "rounds", "shutdown"]
+    phases = ["imports", "build", "in_process", "ray_start", "actors", "rounds", "shutdown"]
     print(
         f"{args.rounds}-round run of the default federation{' ' + ' '.join(args.set) if args.set else ''} (dashboard "
         f"off); medians of {args.repeat}, seconds"
@@ -139,8 +144,8 @@ def main() -> None:
             walls["in process (--local)" if not SIDES[side][1] else "in process, beside the warm head"]
         )
         named = [
-            {**p, "rounds": p.get("rounds", p.get("run"))} for p in parts[side]
-        ]  # in process: its whole run under rounds
+            {**p, "rounds": p.get("rounds", p.get("run", 0.0))} for p in parts[side]
+        ]  # in process: its whole run under rounds; a run that never moved: none on the actors
         cells = [f"{statistics.median(p[k] for p in named):.2f}" if k in named[0] else "-" for k in phases]
         print(f"| {side} | {wall:.2f} | {wall - local:+.2f} | {' | '.join(cells)} |")
 

@@ -61,6 +61,7 @@ def launch(
     try:
         if starts_in_process(config, running):
             begun = copy.deepcopy(fed)  # the rounds here change its caches; the actors get it as built
+            first = start.state.round + 1
             up.start()
             try:
                 summary = run_in_process(begun, start, run_dir, progress, lambda r: hands_over(r, up.done.is_set()))
@@ -71,9 +72,8 @@ def launch(
             phase("in_process")
             up.done.wait()  # answered already, unless `hands_over` moved before
             up.check()
-            log.info(
-                f"rounds 1-{start.state.round} ran in this process while the actors came up; the actors run the rest"
-            )
+            here = f"round {first}" if first == start.state.round else f"rounds {first}-{start.state.round}"
+            log.info(f"{here} ran in this process while the actors came up; the actors run the rest")
         else:
             up.run(phase)
             up.check()

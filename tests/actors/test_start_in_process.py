@@ -85,7 +85,8 @@ def test_a_run_begun_in_process_ends_with_the_tables_of_the_run_in_process(
     if at is None:
         assert moved == [] and "rounds" not in timings  # the whole run here; the actors never ran a round
     else:
-        assert moved == [f"rounds 1-{at} ran in this process while the actors came up; the actors run the rest"]
+        here = "round 1" if at == 1 else f"rounds 1-{at}"
+        assert moved == [f"{here} ran in this process while the actors came up; the actors run the rest"]
         assert timings["rounds"] > 0
     for got, want in zip(tables(tmp_path / "run"), references[setup]):
         pd.testing.assert_frame_equal(got, want, check_exact=True)
