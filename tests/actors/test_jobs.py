@@ -21,6 +21,8 @@ import urllib.request
 
 import pytest
 
+from actors.driver.head import SYSTEM_CONFIG
+
 pytestmark = pytest.mark.ray
 
 
@@ -80,6 +82,7 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
         ),
         f"--temp-dir={temp_dir}",
         f"--ray-client-server-port={client_port}",
+        f"--system-config={json.dumps(SYSTEM_CONFIG)}",  # as `rayfl up` starts its head (docs/ray.md, "A busy machine")
     ]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{dash}"
