@@ -68,20 +68,16 @@ def run(
     address = joining(address or config.ray.address)  # before Ray's import: joining a kept head sets its auth mode
     from ray.exceptions import RayActorError, RayTaskError
 
-    from actors.driver.launch import launch
+    from actors.driver.launch import RoundsFailed, launch
 
     try:
         return launch(fed, start, run_dir, run_id, address, progress, phase)
-    except RayTaskError as exc:  # the round loop raised inside the coordinator: its own error, one line
+    except (RayTaskError, RoundsFailed) as exc:  # the round loop raised (in the coordinator, or here): one line
         raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:
         raise RunFailed(f"the coordinator actor died ({type(exc).__name__}); {resume_hint(run_dir)}") from exc
     except RuntimeError as exc:  # the coordinator did not come back, client actors did not start
         raise RunFailed(f"{shown(str(exc))}; {resume_hint(run_dir)}") from exc
-    except ConfigError:
-        raise
-    except Exception as exc:  # the rounds begun in this process (`ray.start_in_process`) raised: their own error
-        raise broke_off(exc, run_dir) from exc
 
 
 class Phases:

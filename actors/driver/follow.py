@@ -5,6 +5,7 @@ from RUN_DIR's newest checkpoint."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -77,14 +78,21 @@ def relay(progress: Progress, row: dict[str, Any]) -> None:
         raise RuntimeError(f"the progress callback failed: {exc}") from exc
 
 
-def answer(ref: ray.ObjectRef, every_s: float = 2.0) -> Any:
+def answer(ref: ray.ObjectRef, every_s: float = 2.0, stop: threading.Event | None = None) -> Any:
     """The value of `ref`, asking every `every_s` seconds while it is pending whether the cluster
     is still there (`ClusterGone` when not): a call to an actor of a cluster whose head stopped
-    waits for Ray's GCS reconnection (a minute), after which Ray ends the process without a word."""
+    waits for Ray's GCS reconnection (a minute), after which Ray ends the process without a word.
+    `Cancelled` once `stop` is set."""
     while not ray.wait([ref], timeout=every_s)[0]:
+        if stop is not None and stop.is_set():
+            raise Cancelled()
         if raystate.cluster_gone():
             raise ClusterGone() from None
     return ray.get(ref)
+
+
+class Cancelled(Exception):
+    """The bring-up was stopped: the run ended before it needed the actors."""
 
 
 def wait_until_answers(actor: Any, timeout_s: float) -> None:

@@ -31,7 +31,7 @@ from ..coordinator.actor import Coordinator, Duty
 from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .cluster import check_fits_here, connect
-from .follow import ClusterGone, answer, follow
+from .follow import Cancelled, ClusterGone, answer, follow
 
 log = logging.getLogger("rayfl")
 
@@ -69,6 +69,10 @@ def launch(
                 return summary
             except Paused as paused:
                 start = paused.start
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise RoundsFailed(exc) from exc
             phase("in_process")
             up.done.wait()  # answered already, unless `hands_over` moved before
             up.check()
@@ -89,6 +93,15 @@ def launch(
         phase("shutdown")
 
 
+class RoundsFailed(Exception):
+    """The rounds begun in this process raised (`cause`): the run's own error, as the coordinator's
+    would be on Ray."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def starts_in_process(config: RunConfig, running: bool) -> bool:
     """Whether the run begins in this process (`ray.start_in_process`): under `auto` when it starts
     a local cluster of its own and its actors train on the CPU, as this process does."""
@@ -100,10 +113,6 @@ def hands_over(round: int, ready: bool) -> bool:
     """Whether a run begun in this process moves onto the actors after `round`: as soon as they
     answer (`ready`). (The tests move at a chosen round instead, waiting there for the actors.)"""
     return ready
-
-
-class Cancelled(Exception):
-    """The bring-up was stopped: the run ended before it needed the actors."""
 
 
 class BringUp(threading.Thread):
@@ -142,7 +151,7 @@ class BringUp(threading.Thread):
                 federation_ref=self.duty.federation_box[0],
                 stop=self.cancelled,
             )
-            answer(coordinator_ready)
+            answer(coordinator_ready, every_s=0.5, stop=self.cancelled)
         except BaseException as exc:  # raised in the run's thread by `check`
             self.error = exc
         finally:
@@ -163,15 +172,18 @@ class BringUp(threading.Thread):
     def close(self) -> None:
         self.cancelled.set()
         beside = self.ident is not None  # started as a thread
-        if beside:
-            self.done.wait()  # Ray's start is not interrupted: a local cluster half started is left whole
-        if self.crew is not None and not self.gone:
-            release(self.crew, self.fed.config.ray.actor_timeout_s)
-        self.leave.set()
-        if beside:
-            self.join()
-        else:
-            self._leave_cluster()
+        try:
+            if beside:
+                self.done.wait()  # Ray's start is not interrupted: a local cluster half started is left whole
+            self.gone = self.gone or isinstance(self.error, ClusterGone)
+            if self.crew is not None and not self.gone:
+                release(self.crew, self.fed.config.ray.actor_timeout_s)
+        finally:  # the cluster is left whatever happened above (a second Ctrl-C included)
+            self.leave.set()
+            if beside:
+                self.join()
+            else:
+                self._leave_cluster()
 
     def _leave_cluster(self) -> None:
         if self.connected and not self.gone:
