@@ -1,13 +1,11 @@
 """Tune over federations on the session's 2-CPU Ray cluster: ASHA, placement groups, best re-run."""
 
-import contextlib
 import json
-import threading
-import time
 
 import pandas as pd
 import pytest
 import yaml
+from ray.tune import Callback
 
 from rayfl.cli import main
 from rayfl.config import ConfigError
@@ -24,23 +22,16 @@ BASE = {
 }
 
 
-@contextlib.contextmanager
-def every(seconds, step):
-    """Call `step()` every `seconds` in a thread while the block runs (the search runs in this one)."""
-    done = threading.Event()
+class AtEachResult(Callback):
+    """Calls `step()` in Tune's driver as each trial result comes in: the trials' runs go on
+    meanwhile, at most a round ahead of their reports (`ray.rounds_ahead=1`), so each call sees the
+    actors as they are while a trial runs, however slow the machine."""
 
-    def loop():
-        while not done.is_set():
-            step()
-            time.sleep(seconds)
+    def __init__(self, step):
+        self.step = step
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=30)
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.step()
 
 
 def our_actors(ray, run_prefix, role):
@@ -152,7 +143,14 @@ def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_thei
         coordinator_cpus=0,
     )
     exp = load_experiment(
-        path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=6", "ray.pool_idle_s=0"]
+        path,
+        [
+            "ray.num_actors=2",
+            "ray.cpus_per_actor=0.5",
+            "federation.rounds=6",
+            "ray.pool_idle_s=0",
+            "ray.rounds_ahead=1",
+        ],
     )
     samples = []
 
@@ -166,8 +164,7 @@ def test_without_the_pool_concurrent_trials_keep_their_client_actors_inside_thei
         if seen:
             samples.append((seen, ray.util.placement_group_table()))
 
-    with every(0.2, sample):
-        table = run_experiment(exp, verbose=0)["table"]
+    table = run_experiment(exp, verbose=0, callbacks=[AtEachResult(sample)])["table"]
     assert len(table) == 2 and (table["status"] == "finished").all() and (table["rounds"] == 6).all()
 
     trials_of = lambda seen: {name.split(":")[1] for name in seen}  # run ids: placed-<trial_id>
@@ -193,7 +190,9 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
     # 4 trials of 2 client actors x 0.5 CPU: two at once fill the 2 CPUs; the next two borrow
     # the actors the first two handed back.
     path = experiment(tmp_path, "warm", {"federation.lr": {"grid": [0.05, 0.1, 0.02, 0.08]}})
-    exp = load_experiment(path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=3"])
+    exp = load_experiment(
+        path, ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "federation.rounds=3", "ray.rounds_ahead=1"]
+    )
     samples = []
 
     def sample():
@@ -203,8 +202,7 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
                 [held for held in ray.get(keeper.status.remote())["leased"] if held["run"].startswith("warm-")]
             )
 
-    with every(0.2, sample):
-        table = run_experiment(exp, verbose=0)["table"]
+    table = run_experiment(exp, verbose=0, callbacks=[AtEachResult(sample)])["table"]
     assert len(table) == 4 and (table["status"] == "finished").all()
     clients = lambda held: [name for name in held["actors"] if ":client-" in name]
     assert any(len(leases) == 2 for leases in samples), "two trials never ran at once"
@@ -220,8 +218,6 @@ def test_trials_borrow_warm_actors_one_trial_at_a_time_and_the_next_trials_reuse
 
 def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(ray_cluster, tmp_path):
     ray = ray_cluster
-    from ray import tune
-
     from rayfl.runner import run_local
 
     path = experiment(tmp_path, "broken", {"federation.lr": {"grid": [0.1]}})
@@ -229,7 +225,7 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_through_tunes_restore(
     killed = tmp_path / "killed"  # the round whose report made the kill, the rounds recorded then
     # (a file: Tune's restore unpickles the fit's callbacks, which must then do nothing)
 
-    class KillTheCoordinatorAtRound3(tune.Callback):  # runs here, in Tune's driver, as each report comes
+    class KillTheCoordinatorAtRound3(Callback):  # runs here, in Tune's driver, as each report comes
         def on_trial_result(self, iteration, trials, trial, result, **info):
             if result["round"] >= 3 and not killed.exists():
                 for _, _, coordinator in our_actors(ray, "broken-", "coordinator"):
