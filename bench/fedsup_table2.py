@@ -155,7 +155,10 @@ def main() -> None:
     for label in args.runs:
         rs = [r for r in rows if r["run"] == label]
         col = lambda c: [r[c] for r in rs]
-        sd = f"{statistics.mean(col('initial_accuracy_std')):.3f} / {statistics.mean(col('personal_accuracy_std')):.3f}"
+        sd = " / ".join(
+            "-" if math.isnan(m := statistics.mean(col(c))) else f"{m:.3f}"
+            for c in ("initial_accuracy_std", "personal_accuracy_std")
+        )
         children = (
             " / ".join(f"{statistics.mean(col(f'test_accuracy@{c}')):.4f}" for c in ("big", "medium", "small"))
             if not math.isnan(rs[0]["test_accuracy@big"])
