@@ -236,7 +236,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 + (f"; {args.dashboard_port} was taken" if taken else "")
             )
             print("the browser asks for a token: paste the output of: ray get-auth-token")
-        print("for Ray's own CLI (ray job submit, ray status) in your shell: export RAY_AUTH_MODE=token")
+        print(
+            "for Ray's own CLI in your shell: export RAY_AUTH_MODE=token, and give it the address "
+            f"(ray status --address {record['address']})"
+        )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")
     else:

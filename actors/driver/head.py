@@ -4,17 +4,19 @@ process group of its own, with token authentication as `ray.init` gives a new lo
 Ray cluster on the host). While it is up, `rayfl run` and `rayfl tune` without `--address`
 join it, so their actors stay warm in its pool (`actors/keeper.py`) from one run to the next.
 
-Its address and process are recorded in `~/rayfl/head.json`.
+Its address, process and Ray temp folder are recorded in `~/rayfl/head.json`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,8 @@ with other work a run's actors got a few percent of a core (docs/ray.md, "A busy
 
 
 def kept() -> dict[str, Any] | None:
-    """The kept head's record (`address`, `pid`, `dashboard`, `log`) while its process lives; None otherwise."""
+    """The kept head's record (`address`, `pid`, `dashboard`, `log`, `temp_dir`) while its process
+    lives; None otherwise."""
     if not RECORD.is_file():
         return None
     record = json.loads(RECORD.read_text())
@@ -95,7 +98,13 @@ def up(
     timeout_s: float = 120.0,
 ) -> dict[str, Any]:
     """Start the kept head (or return the one up); its record. Every port is a free one, the
-    dashboard's `dashboard_port` when that one is free (a second head on the host takes another)."""
+    dashboard's `dashboard_port` when that one is free (a second head on the host takes another).
+
+    Its Ray temp folder is its own (`--temp-dir`, under `$RAY_TMPDIR` or /tmp as Ray's default
+    is): Ray's job supervisor gives a job's entry point the address of the cluster named in its
+    head's `ray_current_cluster` file, which in the shared /tmp/ray is the last `ray start` on the
+    host (another head, `ray.cluster_utils.Cluster`), so a job submitted to this head ran its
+    driver against that other cluster, refused there for its token."""
     record = kept()
     if record is not None:
         return record
@@ -104,7 +113,9 @@ def up(
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dash = free_port(), free_port(dashboard_port or 0)
+    temp_dir = tempfile.mkdtemp(prefix="rayfl-head-", dir=os.environ.get("RAY_TMPDIR") or "/tmp")  # short: socket paths
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
+    cmd += ["--temp-dir", temp_dir]
     cmd += ["--system-config", json.dumps(SYSTEM_CONFIG)]
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
@@ -119,13 +130,16 @@ def up(
         "pid": proc.pid,
         "dashboard": f"http://127.0.0.1:{dash}" if dashboard else None,
         "log": str(log),
+        "temp_dir": temp_dir,
     }
     deadline = time.monotonic() + timeout_s
     while not answers(port, record["dashboard"]):  # its GCS, and its dashboard: what rayfl submit probes
         if proc.poll() is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
             raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {log}")
         if time.monotonic() > deadline:
             stop(proc.pid)
+            shutil.rmtree(temp_dir, ignore_errors=True)
             raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}")
         time.sleep(0.2)
     RECORD.write_text(json.dumps(record))
@@ -149,11 +163,14 @@ def answers(port: int, dashboard: str | None) -> bool:
 
 
 def down(timeout_s: float = 3.0) -> dict[str, Any] | None:
-    """Stop the kept head (its whole process group); its record, None when none was up."""
+    """Stop the kept head (its whole process group) and remove its Ray temp folder; its record,
+    None when none was up."""
     record = kept()
     RECORD.unlink(missing_ok=True)
     if record is not None:
         stop(record["pid"], timeout_s)
+        if record.get("temp_dir"):  # a head an older rayfl started has none of its own
+            shutil.rmtree(record["temp_dir"], ignore_errors=True)
     return record
 
 

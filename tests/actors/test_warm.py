@@ -2,16 +2,20 @@
 run's actors come back, idle ones leave, and `rayfl pool` / `rayfl up` / `rayfl down`."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from actors import names
 from actors.driver import pool
+from actors.driver.head import free_port
 from rayfl import api
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
@@ -162,15 +166,22 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
 def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(ray_cluster, tmp_path):
     """Beside another Ray head on the host (this session's, on Ray's default agent ports): the kept
     head takes free ports for every service, and takes runs and jobs. A run going on it when
-    `rayfl down` stops it ends at once with the line that says how to resume."""
+    `rayfl down` stops it ends at once with the line that says how to resume.
+
+    Issue (CI): a job submitted to the kept head ran its driver against the cluster of the host's
+    last `ray start` (Ray's job supervisor reads it from `ray_current_cluster` in Ray's temp folder)
+    and was refused there for its token. Here that file, in this test's own Ray temp folder, names
+    a head that is gone, as another `ray start` after `rayfl up` leaves it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # nothing of this session's Ray
     env["HOME"] = str(tmp_path / "home")  # its own ~/rayfl/head.json and token
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     rayfl = lambda *args: subprocess.run(
         [sys.executable, "-m", "rayfl", *args], env=env, capture_output=True, text=True, timeout=300
     )
     up = rayfl("up", "--num-cpus", "2", "--dashboard")
     assert up.returncode == 0 and "a local Ray head is up at 127.0.0.1:" in up.stdout, up.stderr
     record = __import__("json").loads((tmp_path / "home" / "rayfl" / "head.json").read_text())
+    assert Path(record["temp_dir"]).parent == Path(env["RAY_TMPDIR"])
     try:
         for name in ("first", "second"):
             run = rayfl(
@@ -183,6 +194,9 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
             status.stdout
         )
         pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
+        last_started = Path(env["RAY_TMPDIR"], "ray", "ray_current_cluster")  # ray start writes it once up
+        last_started.parent.mkdir(exist_ok=True)
+        last_started.write_text(f"127.0.0.1:{free_port()}")
         job = rayfl("submit", "--address", record["dashboard"], "--wait", "--set", "federation.rounds=1")
         assert job.returncode == 0 and "final test accuracy" in job.stdout, job.stdout + job.stderr  # its own agent
         going = tmp_path / "going"  # a run that `rayfl down` stops under it
@@ -197,6 +211,8 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
             time.sleep(0.05)
     finally:
         down = rayfl("down")
+        head_dir_left = Path(record["temp_dir"]).exists()
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     assert down.returncode == 0 and down.stdout.strip() == "rayfl: the local head is down"
     err = run.communicate(timeout=120)[1]
     failed = [
@@ -208,6 +224,7 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
     ], err[-3000:]
     with pytest.raises(ProcessLookupError):
         os.killpg(record["pid"], 0)  # the whole process group is gone
+    assert not head_dir_left  # down removed the head's Ray temp folder
     assert rayfl("pool", "status").returncode == 2  # no running cluster any more
 
 
