@@ -90,7 +90,8 @@ def _silent_stderr(still_talking: Callable[[], bool]) -> Iterator[None]:
 def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool:
     """Join the running cluster (`head.joining`: `address`, $RAY_ADDRESS or the kept head; probed
     first), else start a local cluster sized to the machine (its workers at this process's
-    priority, `head.SYSTEM_CONFIG`), with the dashboard on 127.0.0.1 if asked; Ray's log lines
+    priority, `head.SYSTEM_CONFIG`, none started idle, `OWN_CLUSTER`), with the dashboard on
+    127.0.0.1 if asked; Ray's log lines
     and the workers' output only when `verbose`. Returns whether this call connected (and should
     disconnect)."""
     import ray
@@ -107,10 +108,17 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
             address="local",
             include_dashboard=dashboard,
             dashboard_host="127.0.0.1",
-            _system_config=SYSTEM_CONFIG,
+            _system_config={**SYSTEM_CONFIG, **OWN_CLUSTER},
             **quiet,
         )
     return True
+
+
+OWN_CLUSTER = {"prestart_worker_first_driver": False}
+"""Ray's settings for a run's own local cluster besides `head.SYSTEM_CONFIG`: no idle worker
+processes started for the driver (Ray starts one a CPU; each imports Ray, about 0.7 CPU seconds
+measured on 2 cores). The run's actors start workers of their own, and a run that finishes in
+the driver (`launch.starts_actors`) starts none: those workers only slowed its rounds."""
 
 
 def check_fits_here(config: RunConfig) -> None:

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -28,6 +28,7 @@ from rayfl.runner import run_in_process
 from .. import raystate
 from ..client import ClientActor
 from ..coordinator.actor import Coordinator, Duty
+from ..coordinator.dashboard import DashboardMetrics
 from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .cluster import check_fits_here, connect
@@ -51,24 +52,30 @@ def launch(
     the coordinator to the end, give the actors back; the run's summary. Under
     `ray.start_in_process` (`starts_in_process`) the rounds begin in this process meanwhile and
     move onto the actors at the first round boundary after they answer (`hands_over`); a run
-    that ends first stops the cluster half started. `phase(name)` marks the end of `ray_start`
+    that ends first stops the cluster half started, and one on a local cluster of its own whose
+    rounds left take less than its actors' start starts none (`starts_actors`) and publishes its
+    rows on the dashboard's series itself. `phase(name)` marks the end of `ray_start`
     (or of the rounds run here, `in_process`), `actors`, `rounds` and `shutdown`."""
     config = fed.config
     running = ray.is_initialized() or bool(address)
     if not running:
         check_fits_here(config)
-    up = BringUp(fed, run_dir, run_id, address, pooled=running and config.ray.pool_idle_s > 0)
+    up = BringUp(fed, run_dir, run_id, address, pooled=running and config.ray.pool_idle_s > 0, own=not running)
     try:
         if starts_in_process(config, running):
             begun = copy.deepcopy(fed)  # the rounds here change its caches; the actors get it as built
             first = start.state.round + 1
+            here = up.begin(start, progress)
             up.start()
             try:
-                summary = run_in_process(begun, start, run_dir, progress, lambda r: hands_over(r, up.done.is_set()))
+                summary = run_in_process(begun, start, run_dir, here, lambda r: hands_over(r, up.ready()))
+                if up.stays:
+                    up.publish()  # those before it stayed, when it decided after the last round
                 phase("in_process")
                 return summary
             except Paused as paused:
                 start = paused.start
+                up.wanted.set()
             except ConfigError:
                 raise
             except Exception as exc:
@@ -109,6 +116,20 @@ def starts_in_process(config: RunConfig, running: bool) -> bool:
     return wanted is True or (wanted == "auto" and not running and config.ray.gpus_per_actor == 0)
 
 
+ACTOR_START_CPU_S = 3.0
+"""CPU seconds an actor process takes to start (Python, torch, rayfl imported), measured on the
+2-core machine (docs/ray.md, "Rounds begun in the driver")."""
+
+
+def starts_actors(rounds_left: int, seconds_per_round: float, actors: int, cpus: float) -> bool:
+    """Whether a run begun in this process on a local cluster of its own starts its actors once
+    Ray is up: only when its rounds left, at this process's pace, outlast its actors' start
+    (`actors` client actors and the coordinator importing on the cluster's `cpus` but the one
+    this process's rounds take). A run shorter than that would only be slowed down by them (they
+    share its cores) and finishes here."""
+    return rounds_left * seconds_per_round > ACTOR_START_CPU_S * (actors + 1) / max(1.0, cpus - 1)
+
+
 def hands_over(round: int, ready: bool) -> bool:
     """Whether a run begun in this process moves onto the actors after `round`: as soon as they
     answer (`ready`). (The tests move at a chosen round instead, waiting there for the actors.)"""
@@ -125,14 +146,77 @@ class BringUp(threading.Thread):
     processes of a local cluster that it started end with it (Ray starts them with Linux's
     `PR_SET_PDEATHSIG`, which fires when the thread that started them ends, not the process)."""
 
-    def __init__(self, fed: Federation, run_dir: Path, run_id: str, address: str | None, pooled: bool):
+    def __init__(self, fed: Federation, run_dir: Path, run_id: str, address: str | None, pooled: bool, own: bool):
         super().__init__(name="rayfl-bring-up", daemon=True)
         self.fed, self.run_dir, self.run_id, self.address, self.pooled = fed, run_dir, run_id, address, pooled
+        self.own = own  # a local cluster of the run's own: no actor of it is up yet
         self.connected, self.gone = False, False
+        self.stays = False  # the run begun here finishes here: no actor starts (`starts_actors`)
         self.crew: Crew | None = None
         self.duty: Duty | None = None
         self.error: BaseException | None = None
         self.done, self.cancelled, self.leave = threading.Event(), threading.Event(), threading.Event()
+        self.wanted = threading.Event()  # the run begun here waits for its actors
+        self.rows: list[Mapping[str, Any]] = []  # the rows of the rounds begun here
+        self.times: list[float] = []  # when each was passed on
+        self.left = 0  # rounds the run had left when they began here
+        self.series: DashboardMetrics | None = None
+        self.published, self.wall_time_s = 0, 0.0
+
+    def begin(self, start: Start, progress: Progress | None) -> Progress:
+        """The rounds begin in this process from `start`: the progress callback that passes their
+        rows on to `progress`, counts them (this process's pace) and, when the run stays here,
+        publishes them on the dashboard's series, as the coordinator does for its rounds."""
+        self.left = self.fed.config.federation.rounds - start.state.round
+        recorded = start.recorder.rounds
+        self.wall_time_s = recorded[-1]["wall_time_s"] if recorded else 0.0  # a resumed run's published already
+
+        def seen(row: Mapping[str, Any]) -> None:
+            self.times.append(time.monotonic())
+            self.rows.append(row)
+            if self.stays:
+                self.publish()
+            if progress is not None:
+                progress(row)
+
+        return seen
+
+    def publish(self) -> None:
+        """The rows not published yet, on the dashboard's series (in the run's thread)."""
+        if self.series is None:
+            self.series = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, self.wall_time_s)
+        for row in self.rows[self.published :]:
+            self.series.record(row, 0)
+        self.published = len(self.rows)
+
+    def ready(self) -> bool:
+        """Whether the run begun here moves onto the actors now: they answer (or the bring-up failed)."""
+        return self.done.is_set() and not self.stays
+
+    def _stays(self) -> bool:
+        """Whether the run begun here finishes here (`starts_actors`), decided once Ray is up from
+        the pace of the first round this process began after that (the rounds during Ray's start
+        run at half the pace or less, measured): the actors start at most two rounds later than
+        they would have. Logs why it stays."""
+        after = len(self.rows) + 2  # the round going on now, then one begun with Ray up
+        while len(self.rows) < after and len(self.rows) < self.left:
+            if self.wanted.is_set():  # moved all the same (the tests move at a round of their choice)
+                return False
+            if self.cancelled.wait(0.05):
+                raise Cancelled()
+        if len(self.rows) >= self.left:
+            return True  # the rounds are over; the run ends here
+        config, done, times = self.fed.config, len(self.rows), self.times
+        pace = times[after - 1] - times[after - 2]
+        whole = ray.cluster_resources()  # the run's own: all of it free for its actors
+        actors, cpus = config.resources.count(whole), whole.get("CPU", 1.0)
+        if starts_actors(self.left - done, pace, actors, cpus):
+            return False
+        log.info(
+            f"the run finishes in this process: its {self.left - done} rounds left take about "
+            f"{(self.left - done) * pace:.0f} s here, less than its actors' start"
+        )
+        return True
 
     def run(self, phase: Callable[[str], None] = lambda name: None) -> None:
         config = self.fed.config
@@ -140,18 +224,20 @@ class BringUp(threading.Thread):
             self.connected = connect(self.address, config.ray.dashboard)
             phase("ray_start")
             self._cancelled()
-            self.crew = gather(config, self.run_id, self.pooled)
-            self._cancelled()
-            self.duty = Duty([ray.put(self.fed)], self.crew.clients, str(self.run_dir), self.crew.key)
-            coordinator_ready = self.crew.coordinator.warm.remote(self.duty)
-            wait_for_actors(
-                self.crew.clients,
-                config.ray.actor_timeout_s,
-                log.info,
-                federation_ref=self.duty.federation_box[0],
-                stop=self.cancelled,
-            )
-            answer(coordinator_ready, every_s=0.5, stop=self.cancelled)
+            self.stays = self.own and threading.current_thread() is self and self._stays()  # beside the rounds
+            if not self.stays:
+                self.crew = gather(config, self.run_id, self.pooled)
+                self._cancelled()
+                self.duty = Duty([ray.put(self.fed)], self.crew.clients, str(self.run_dir), self.crew.key)
+                coordinator_ready = self.crew.coordinator.warm.remote(self.duty)
+                wait_for_actors(
+                    self.crew.clients,
+                    config.ray.actor_timeout_s,
+                    log.info,
+                    federation_ref=self.duty.federation_box[0],
+                    stop=self.cancelled,
+                )
+                answer(coordinator_ready, every_s=0.5, stop=self.cancelled)
         except BaseException as exc:  # raised in the run's thread by `check`
             self.error = exc
         finally:

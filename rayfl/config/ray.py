@@ -40,9 +40,10 @@ class RayConfig(Strict):
     start_in_process: Literal["auto"] | bool = Field(
         "auto",
         description="run the first rounds in the driver's process while the cluster and the actors come up, and move "
-        "the run onto the actors at the first round boundary after they answer (the same tables); auto: when the run "
-        "starts a local cluster of its own and its actors take no GPU; true: on a running cluster too (actors that "
-        "wait for free resources or new nodes); false: wait for the actors (docs/ray.md)",
+        "the run onto the actors at the first round boundary after they answer (the same tables); on a local cluster "
+        "of its own, a run whose rounds left take less than its actors' start finishes in the driver; auto: when the "
+        "run starts a local cluster of its own and its actors take no GPU; true: on a running cluster too (actors "
+        "that wait for free resources or new nodes); false: wait for the actors (docs/ray.md)",
     )
     pool_idle_s: float = Field(
         300.0,

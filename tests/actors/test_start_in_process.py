@@ -92,6 +92,47 @@ def test_a_run_begun_in_process_ends_with_the_tables_of_the_run_in_process(
         pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
+def test_a_run_on_its_own_cluster_whose_rounds_left_take_less_than_its_actors_start_finishes_here(
+    ray_cluster, references, tmp_path, monkeypatch, info_notes
+):
+    """No actor starts (`starts_actors`, decided on the pace of the first round begun with Ray
+    up: here the second), and this process publishes every row on the dashboard's series once,
+    in order, as the coordinator would have."""
+    init = launch.BringUp.__init__
+    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
+    asked, published = [], []
+    monkeypatch.setattr(launch, "starts_actors", lambda *args: asked.append(args) or False)
+    monkeypatch.setattr(launch, "gather", lambda *args: pytest.fail("an actor was asked for"))
+
+    class Series:
+        def __init__(self, run_id, algorithm, wall_time_s=0.0):
+            assert (run_id, algorithm, wall_time_s) == ("run", "fedavg", 0.0)
+
+        def record(self, row, actors_alive):
+            published.append((row["round"], actors_alive))
+
+    monkeypatch.setattr(launch, "DashboardMetrics", Series)
+    timings = {}
+    cfg = load_config(None, [*SMALL, "ray.start_in_process=true"])
+    api.run(cfg, tmp_path / "run", timings=timings)
+    ((rounds_left, seconds_per_round, actors, cpus),) = asked
+    assert rounds_left == 2 and seconds_per_round > 0 and cpus == 2  # rounds 3-4 left, the session's cluster
+    assert published == [(r, 0) for r in (1, 2, 3, 4)]
+    assert [n for n in info_notes if "finishes in this process" in n] and "rounds" not in timings
+    for got, want in zip(tables(tmp_path / "run"), references["fedavg"]):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_the_actors_start_when_the_rounds_left_outlast_their_start():
+    """3 CPU seconds per actor process (the coordinator and the clients), on the CPUs the
+    driver's rounds leave: 2 clients on 2 CPUs start in 9 s, on 16 CPUs in 0.6 s."""
+    assert not launch.starts_actors(20, 0.35, 2, 2.0)  # 7 s of rounds left
+    assert launch.starts_actors(30, 0.35, 2, 2.0)  # 10.5 s
+    assert launch.starts_actors(20, 0.35, 2, 16.0)
+    assert not launch.starts_actors(1, 0.5, 2, 16.0)
+    assert not launch.starts_actors(8, 1.0, 2, 1.0)  # one CPU: the driver's, shared
+
+
 def test_a_resume_from_a_checkpoint_written_before_the_move_equals_the_undisturbed_run(
     ray_cluster, references, tmp_path, monkeypatch
 ):
