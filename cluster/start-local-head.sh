@@ -12,7 +12,7 @@ if command -v rayfl >/dev/null; then rayfl=(rayfl); else rayfl=(python3 -m rayfl
 "${rayfl[@]}" up --num-cpus "$cpus" --num-gpus "$gpus" --dashboard-port "${RAYFL_DASHBOARD_PORT:-8265}"
 # rayfl's Grafana dashboard beside Ray's own (Ray provisions every JSON in this folder).
 # The head's Ray temp folder is its own (~/rayfl/head.json's temp_dir), not /tmp/ray.
-temp_dir=$(python3 -c 'import json, pathlib; print(json.loads((pathlib.Path.home() / "rayfl/head.json").read_text())["temp_dir"])')
+temp_dir=$(python3 -c 'import json, pathlib; print(json.loads((pathlib.Path.home() / "rayfl/head.json").read_text()).get("temp_dir") or "/tmp/ray")')
 dashboards="${RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR:-$temp_dir/session_latest/metrics/grafana/dashboards}"
 for _ in $(seq 50); do [ -d "$dashboards" ] && break; sleep 0.2; done
 cp "$(dirname "$0")/grafana/rayfl.json" "$dashboards/" 2>/dev/null || true

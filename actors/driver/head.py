@@ -113,7 +113,7 @@ def up(
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dash = free_port(), free_port(dashboard_port or 0)
-    temp_dir = tempfile.mkdtemp(prefix="rayfl-head-", dir=os.environ.get("RAY_TMPDIR") or "/tmp")  # short: socket paths
+    temp_dir = tempfile.mkdtemp(prefix="rayfl-head-", dir=os.path.abspath(os.environ.get("RAY_TMPDIR") or "/tmp"))
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
     cmd += ["--temp-dir", temp_dir]
     cmd += ["--system-config", json.dumps(SYSTEM_CONFIG)]
@@ -163,14 +163,15 @@ def answers(port: int, dashboard: str | None) -> bool:
 
 
 def down(timeout_s: float = 3.0) -> dict[str, Any] | None:
-    """Stop the kept head (its whole process group) and remove its Ray temp folder; its record,
-    None when none was up."""
+    """Stop the kept head (its whole process group) and remove its Ray temp folder (that of a
+    head that died too); its record, None when none was up."""
     record = kept()
+    written = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
     RECORD.unlink(missing_ok=True)
     if record is not None:
         stop(record["pid"], timeout_s)
-        if record.get("temp_dir"):  # a head an older rayfl started has none of its own
-            shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    if written.get("temp_dir"):  # a head an older rayfl started has none of its own
+        shutil.rmtree(written["temp_dir"], ignore_errors=True)
     return record
 
 

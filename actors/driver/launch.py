@@ -68,9 +68,13 @@ def launch(
             here = up.begin(start, progress)
             up.start()
             try:
-                summary = run_in_process(begun, start, run_dir, here, lambda r: hands_over(r, up.ready()))
+                summary = run_in_process(
+                    begun, start, run_dir, here, lambda r: not up.stays and hands_over(r, up.ready())
+                )
+                if up.own:
+                    up.done.wait()  # whether it stays is decided (close waits for Ray's start anyway)
                 if up.stays:
-                    up.publish()  # those before it stayed, when it decided after the last round
+                    up.publish()  # the rows before it was decided (after the last round, say)
                 phase("in_process")
                 return summary
             except Paused as paused:
@@ -159,6 +163,7 @@ class BringUp(threading.Thread):
         self.wanted = threading.Event()  # the run begun here waits for its actors
         self.rows: list[Mapping[str, Any]] = []  # the rows of the rounds begun here
         self.times: list[float] = []  # when each was passed on
+        self.passed = threading.Condition()  # one more was
         self.left = 0  # rounds the run had left when they began here
         self.series: DashboardMetrics | None = None
         self.published, self.wall_time_s = 0, 0.0
@@ -172,8 +177,10 @@ class BringUp(threading.Thread):
         self.wall_time_s = recorded[-1]["wall_time_s"] if recorded else 0.0  # a resumed run's published already
 
         def seen(row: Mapping[str, Any]) -> None:
-            self.times.append(time.monotonic())
-            self.rows.append(row)
+            with self.passed:
+                self.times.append(time.monotonic())
+                self.rows.append(row)
+                self.passed.notify_all()
             if self.stays:
                 self.publish()
             if progress is not None:
@@ -196,25 +203,30 @@ class BringUp(threading.Thread):
     def _stays(self) -> bool:
         """Whether the run begun here finishes here (`starts_actors`), decided once Ray is up from
         the pace of the first round this process began after that (the rounds during Ray's start
-        run at half the pace or less, measured): the actors start at most two rounds later than
-        they would have. Logs why it stays."""
-        after = len(self.rows) + 2  # the round going on now, then one begun with Ray up
-        while len(self.rows) < after and len(self.rows) < self.left:
-            if self.wanted.is_set():  # moved all the same (the tests move at a round of their choice)
-                return False
-            if self.cancelled.wait(0.05):
-                raise Cancelled()
-        if len(self.rows) >= self.left:
-            return True  # the rounds are over; the run ends here
-        config, done, times = self.fed.config, len(self.rows), self.times
-        pace = times[after - 1] - times[after - 2]
+        run at half the pace or less, measured); the actors start sooner when the round going on
+        has run long enough since Ray came up to say so. Logs why the run stays."""
         whole = ray.cluster_resources()  # the run's own: all of it free for its actors
-        actors, cpus = config.resources.count(whole), whole.get("CPU", 1.0)
-        if starts_actors(self.left - done, pace, actors, cpus):
+        actors, cpus = self.fed.config.resources.count(whole), whole.get("CPU", 1.0)
+        up = time.monotonic()
+        timed = len(self.rows) + 2  # the round going on now, then one begun with Ray up
+        with self.passed:
+            while len(self.rows) < min(timed, self.left):
+                if self.wanted.is_set():  # moved all the same (the tests move at a round of their choice)
+                    return False
+                going = time.monotonic() - max(up, self.times[-1] if self.times else up)  # at least its pace
+                if starts_actors(self.left - len(self.rows) - 1, going, actors, cpus):
+                    return False
+                if self.cancelled.is_set():
+                    raise Cancelled()
+                self.passed.wait(0.05)
+        if timed >= self.left:
+            return True  # the rounds are over before one was timed: the run ends here
+        left, pace = self.left - timed, self.times[timed - 1] - self.times[timed - 2]
+        if starts_actors(left, pace, actors, cpus):
             return False
         log.info(
-            f"the run finishes in this process: its {self.left - done} rounds left take about "
-            f"{(self.left - done) * pace:.0f} s here, less than its actors' start"
+            f"the run finishes in this process: its {left} rounds left take about {left * pace:.0f} s here, less "
+            "than its actors' start"
         )
         return True
 

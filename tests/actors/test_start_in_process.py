@@ -92,15 +92,20 @@ def test_a_run_begun_in_process_ends_with_the_tables_of_the_run_in_process(
         pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
+@pytest.mark.parametrize("rounds", [4, 1], ids=["decided-after-round-2", "over-before-a-round-was-timed"])
 def test_a_run_on_its_own_cluster_whose_rounds_left_take_less_than_its_actors_start_finishes_here(
-    ray_cluster, references, tmp_path, monkeypatch, info_notes
+    ray_cluster, references, tmp_path, monkeypatch, info_notes, rounds
 ):
     """No actor starts (`starts_actors`, decided on the pace of the first round begun with Ray
-    up: here the second), and this process publishes every row on the dashboard's series once,
-    in order, as the coordinator would have."""
-    init = launch.BringUp.__init__
-    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
-    asked, published = [], []
+    up: here the second, the session's cluster being up at once), and this process publishes
+    every row on the dashboard's series once, in order, as the coordinator would have: those
+    before the decision with the next row, the later ones as they come, those of a run that
+    ended before the decision at its end."""
+    init, made = launch.BringUp.__init__, []
+    monkeypatch.setattr(
+        launch.BringUp, "__init__", lambda self, *a, **k: made.append(self) or init(self, *a, **{**k, "own": True})
+    )
+    asked, events = [], []
     monkeypatch.setattr(launch, "starts_actors", lambda *args: asked.append(args) or False)
     monkeypatch.setattr(launch, "gather", lambda *args: pytest.fail("an actor was asked for"))
 
@@ -109,18 +114,37 @@ def test_a_run_on_its_own_cluster_whose_rounds_left_take_less_than_its_actors_st
             assert (run_id, algorithm, wall_time_s) == ("run", "fedavg", 0.0)
 
         def record(self, row, actors_alive):
-            published.append((row["round"], actors_alive))
+            events.append(("published", row["round"], actors_alive))
 
     monkeypatch.setattr(launch, "DashboardMetrics", Series)
     timings = {}
-    cfg = load_config(None, [*SMALL, "ray.start_in_process=true"])
-    api.run(cfg, tmp_path / "run", timings=timings)
-    ((rounds_left, seconds_per_round, actors, cpus),) = asked
-    assert rounds_left == 2 and seconds_per_round > 0 and cpus == 2  # rounds 3-4 left, the session's cluster
-    assert published == [(r, 0) for r in (1, 2, 3, 4)]
-    assert [n for n in info_notes if "finishes in this process" in n] and "rounds" not in timings
-    for got, want in zip(tables(tmp_path / "run"), references["fedavg"]):
-        pd.testing.assert_frame_equal(got, want, check_exact=True)
+    cfg = load_config(None, [*SMALL, "ray.start_in_process=true", f"federation.rounds={rounds}"])
+
+    def progress(row):
+        events.append(("row", row["round"]))
+        if row["round"] == 2:  # round 3 waits for the decision (however slow the machine)
+            assert made[0].done.wait(60)
+
+    api.run(cfg, tmp_path / "run", progress=progress, timings=timings)
+    stays = [n for n in info_notes if "finishes in this process" in n]
+    if rounds == 4:
+        rounds_left, seconds_per_round, _, cpus = asked[-1]  # the decision (earlier calls: while round 2 ran)
+        assert rounds_left == 2 and seconds_per_round > 0 and cpus == 2  # rounds 3-4 left, the session's cluster
+        assert events == [
+            ("row", 1),
+            ("row", 2),
+            *(("published", r, 0) for r in (1, 2, 3)),
+            ("row", 3),
+            ("published", 4, 0),
+            ("row", 4),
+        ]
+        assert len(stays) == 1 and stays[0].startswith("the run finishes in this process: its 2 rounds left take")
+    else:
+        assert events == [("row", 1), ("published", 1, 0)] and stays == []
+    assert "rounds" not in timings  # the actors never ran a round
+    if rounds == 4:
+        for got, want in zip(tables(tmp_path / "run"), references["fedavg"]):
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
 def test_the_actors_start_when_the_rounds_left_outlast_their_start():
