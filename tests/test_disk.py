@@ -1,4 +1,5 @@
-"""A full disk mid-run (a tmpfs of a few checkpoints, as root), in process and on Ray: one line naming the path and
+"""A full disk mid-run (a tmpfs of a few checkpoints, as root), in process, on Ray and in the rounds a run on Ray
+begins in its driver (`ray.start_in_process`): one line naming the path and
 `No space left on device`, no partial file left under a real name, and once space is freed
 `--resume` in place equals the run that never stopped (issue 30's drill)."""
 
@@ -37,12 +38,19 @@ def sets(*extra):
     return [arg for s in (*SETS, *extra) for arg in ("--set", s)]
 
 
-@pytest.mark.parametrize("mode", [["--local"], []], ids=["local", "ray"])
+BEGUN = ["--set", "ray.start_in_process=true"]
+
+
+@pytest.mark.parametrize("mode", [["--local"], [], BEGUN], ids=["local", "ray", "begun-in-process"])
 def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_the_undisturbed_run(
-    small_disk, tmp_path, capsys, request, mode
+    small_disk, tmp_path, capsys, request, monkeypatch, mode
 ):
-    if not mode:
+    if mode != ["--local"]:
         request.getfixturevalue("ray_cluster")  # on the session's cluster: the coordinator writes
+    if mode == BEGUN:  # the rounds begun in this process while the actors come up fill the disk
+        from actors.driver import launch
+
+        monkeypatch.setattr(launch, "hands_over", lambda round, ready: False)
     run_dir = small_disk / "run"
     assert main(["run", *mode, "--out", str(run_dir), *sets()]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayfl:")]  # the bar aside
