@@ -3,7 +3,7 @@ head node, that books which pooled actor is idle and which run holds it (its pro
 client and no federation; it needs no torch).
 
 A run on a running cluster borrows its coordinator host and client actors from the pool (the
-driver's side: `actors/driver/pool.py`, `actors/driver/launch.py`) and hands them back reset when
+driver's side: `actors/driver/pool.py`, `actors/driver/crew.py`) and hands them back reset when
 it ends. Pooled actors are detached and named `rayfl:pool:<role>-<hex>`; the pool keys them by what
 makes an actor reusable (`names.kinds`). A run takes the idle actors of its kinds and starts new
 ones only where the pool is short (idle actors of other kinds leave first, to free their

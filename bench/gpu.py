@@ -107,7 +107,7 @@ def image_folder(root: Path) -> list[str]:
 def placement() -> None:
     import ray
 
-    from actors.driver.launch import create_client_actors
+    from actors.driver.crew import create_client_actors
     from rayfl.config.load import load_config
 
     actors = create_client_actors(

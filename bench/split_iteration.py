@@ -27,7 +27,7 @@ def main() -> None:
     import ray
 
     from actors.coordinator.executor import RayExecutor
-    from actors.driver.launch import create_client_actors
+    from actors.driver.crew import create_client_actors
     from rayfl.config.load import load_config
     from rayfl.engine import build_federation, torch_threads
     from rayfl.runner import InProcessExecutor

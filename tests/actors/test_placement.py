@@ -2,7 +2,7 @@
 
 import pytest
 
-from actors.driver.launch import create_client_actors
+from actors.driver.crew import create_client_actors
 from rayfl.config import ConfigError
 from rayfl.config.load import load_config
 

@@ -242,7 +242,7 @@ def test_actors_that_never_fit_exit_2_at_once(tmp_path):
 def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
     ray_cluster = idle_cluster
     from actors import raystate
-    from actors.driver.launch import create_client_actors, wait_for_actors
+    from actors.driver.crew import create_client_actors, wait_for_actors
     from rayfl.config import ConfigError
 
     cfg = load_config(None, ["ray.cpus_per_actor=1", "model.name=mlp"])
@@ -275,7 +275,7 @@ def test_pending_actors_are_reported_until_the_timeout(idle_cluster):
 def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster):
     ray_cluster = idle_cluster
     from actors import raystate
-    from actors.driver.launch import wait_for_actors
+    from actors.driver.crew import wait_for_actors
 
     @ray_cluster.remote(num_cpus=1)
     class SlowStart:
