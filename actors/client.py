@@ -69,7 +69,7 @@ class ClientActor:
         model taken once through a forward, backward and optimizer step (torch's lazy first-call
         set-up, its optimizers' import of torch._dynamo included). Returns `info()`."""
         runner = self.hosting(federation_box)
-        model = runner.context.build(self.model).train()
+        model = runner.context.models.build(self.model).train()
         model(torch.zeros(2, *runner.clients.input_shape, device=self.device)).sum().backward()
         torch.optim.SGD(model.parameters(), lr=0.0).step()
         return self.info()
@@ -80,8 +80,9 @@ class ClientActor:
         from rayfl.engine import run_group
 
         runner = self.hosting(federation_box)
-        weights = ray.get(weight_refs)
-        tasks = [dataclasses.replace(t, weights=w) for t, w in zip(tasks, weights)]
+        distinct = list(dict.fromkeys(weight_refs))  # one dict per distinct weights: it crosses to the device once
+        weights = dict(zip(distinct, ray.get(distinct)))
+        tasks = [dataclasses.replace(t, weights=weights[r]) for t, r in zip(tasks, weight_refs)]
         return run_group(runner, self.account, tasks, sums)
 
     def hold(self, seconds: float) -> None:

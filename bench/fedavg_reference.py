@@ -2,8 +2,9 @@
 
 Workload: digits, 100 clients (Dirichlet 0.5), 10 per round, 30 rounds, 5 local epochs,
 batch 10, SGD lr 0.02 momentum 0.9, FedAvg's two-conv CNN (`cnn2`), test accuracy every round.
-The plain loop does the same work with the same data, partition, initial weights, client
-selection and batch order (it borrows rayfl's data helpers and seeded draws, nothing else).
+The plain loop (`bench/plain_loops.py:fedavg`, which imports torch and numpy only) does the same
+work with the same data, partition, initial weights, client selection and batch order, read
+from a file this script writes with rayfl's draws before any timing.
 
 Each side runs as a fresh process and is timed from launch to exit, so imports and, for
 rayfl, starting (and stopping) a local Ray cluster and its actors are included. rayfl runs on
@@ -50,57 +51,63 @@ RUNS = {  # --runs: label, config overrides, `rayfl run` flags (WARM: --address 
 }
 
 
-def plain_loop(rounds: int) -> dict:
-    """The workload as a plain PyTorch loop: one thread, one process, no Ray."""
+def workload(rounds: int, path: Path) -> None:
+    """The workload as data for the plain loop (`plain_loops.fedavg`, which imports torch only): the
+    digits arrays, the partition, each round's clients and their batch orders, the initial
+    weights, all as rayfl draws them."""
     import numpy as np
-    import torch
-    import torch.nn.functional as F
 
     from rayfl import rng
-    from rayfl.algorithms.local import epoch_batches
+    from rayfl.algorithms.local import batch_plan
+    from rayfl.algorithms.messages import ClientTask
     from rayfl.config.load import load_config
     from rayfl.data import load_dataset, partition
-    from rayfl.models import build_model
+    from rayfl.models import build_model, to_numpy
 
-    torch.set_num_threads(1)
-    start = time.perf_counter()
     cfg = load_config(None, [*OVERRIDES, f"federation.rounds={rounds}"])
     fed, seed = cfg.federation, cfg.seed
     ds = load_dataset(cfg.data, seed)
     parts = partition(ds, cfg.data, seed).parts
     with rng.seeded_torch(seed, "init"):
-        model = build_model(cfg.model, ds.input_shape, ds.num_classes)
-    x_test, y_test = torch.tensor(ds.x_test), torch.tensor(ds.y_test)
-    loop_start = time.perf_counter()
-    acc = 0.0
-    for rnd in range(1, rounds + 1):
-        chosen = sorted(
-            rng.generator(seed, "select", rnd).choice(np.arange(len(parts)), fed.clients_per_round, replace=False)
+        init = to_numpy(build_model(cfg.model, ds.input_shape, ds.num_classes))
+    chosen = [
+        sorted(rng.generator(seed, "select", rnd).choice(np.arange(len(parts)), fed.clients_per_round, replace=False))
+        for rnd in range(1, rounds + 1)
+    ]
+    plans = [
+        batch_plan(
+            seed,
+            ClientTask(
+                client_id=int(c),
+                round=rnd,
+                weights={},
+                model=cfg.model,
+                local_epochs=fed.local_epochs,
+                batch_size=fed.batch_size,
+                optimizer=None,
+            ),
+            len(parts[c]),
         )
-        global_state = {k: v.clone() for k, v in model.state_dict().items()}
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
-        n_total = 0
-        for c in chosen:
-            idx = parts[c]
-            x, y = torch.from_numpy(ds.x_train[idx]), torch.from_numpy(ds.y_train[idx])
-            model.load_state_dict(global_state)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=fed.lr, momentum=fed.momentum)
-            g = rng.generator(seed, "batches", rnd, int(c))
-            for _ in range(fed.local_epochs):
-                for b in epoch_batches(len(idx), fed.batch_size, g):
-                    opt.zero_grad()
-                    F.cross_entropy(model(x[b]), y[b]).backward()
-                    opt.step()
-            for k, v in model.state_dict().items():
-                total[k] += len(idx) * v.double()
-            n_total += len(idx)
-        model.load_state_dict({k: (v / n_total).float() for k, v in total.items()})
-        model.eval()
-        with torch.no_grad():
-            acc = float((model(x_test).argmax(1) == y_test).float().mean())
-    end = time.perf_counter()
-    return {"accuracy": acc, "loop_s": end - loop_start, "inside_s": end - start}
+        for rnd, clients in enumerate(chosen, 1)
+        for c in clients
+    ]
+    arrays = {
+        "x_train": ds.x_train,
+        "y_train": ds.y_train,
+        "x_test": ds.x_test,
+        "y_test": ds.y_test,
+        "classes": ds.num_classes,
+        "lr": fed.lr,
+        "momentum": fed.momentum,
+        "chosen": np.array(chosen),  # (rounds, clients a round)
+        "parts": np.concatenate(parts),
+        "part_sizes": np.array([len(p) for p in parts]),
+        "order": np.concatenate([b for plan in plans for b in plan]),  # every batch of every client of every round
+        "batch_sizes": np.array([len(b) for plan in plans for b in plan]),
+        "batches": np.array([len(plan) for plan in plans]),  # per (round, client) in order
+        **{f"init/{k}": v for k, v in init.items()},
+    }
+    np.savez(path, **arrays)
 
 
 def timed(cmd: list[str]) -> tuple[float, str]:
@@ -120,11 +127,7 @@ def main() -> None:
         help="which rayfl runs (a machine without the dashboard's packages: leave out dashboard)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="paired repeats (medians are printed)")
-    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.plain:
-        print(json.dumps(plain_loop(args.rounds)))
-        return
 
     from actors.driver import head
 
@@ -135,8 +138,9 @@ def main() -> None:
         )
     plain_walls, plain_loops, walls, summaries = [], [], {RUNS[r][0]: [] for r in args.runs}, {}
     with tempfile.TemporaryDirectory() as tmp:
+        workload(args.rounds, Path(tmp) / "workload.npz")
         for repeat in range(args.repeat):  # each repeat: the plain loop, then every run beside it
-            wall, out = timed([sys.executable, __file__, "--plain", "--rounds", str(args.rounds)])
+            wall, out = timed([sys.executable, str(Path(__file__).parent / "plain_loops.py"), f"{tmp}/workload.npz"])
             plain = json.loads(out.strip().splitlines()[-1])
             plain_walls.append(wall)
             plain_loops.append(plain["loop_s"])

@@ -22,7 +22,8 @@ machine's CPUs and GPUs and runs three parts on it:
    clients trained per second in the round loop (rounds 2 on, past CUDA's first-call set-up),
    and final accuracy. `preresnet18` (HeteroFL's PreResNet-18, 11 M parameters: a model that
    loads a GPU) trains on 32x32 RGB images written to a temporary image folder (`data.name: hf`;
-   no download), 640 of them in 10 classes; its batch norm keeps it sequential under `auto`.
+   no download), 640 of them in 10 classes; its batch norm (per-client statistics over real rows)
+   vectorizes under `auto` too.
 
     python bench/gpu.py [--rounds 5] [--models cnn2 mlp preresnet18] [--parts placement over-share throughput]
 """
@@ -35,6 +36,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+from images import image_folder
 
 OVER_SHARE = [
     "data.name=synthetic",
@@ -84,24 +87,6 @@ THROUGHPUT = (
     ("auto", "auto", 1.0),
     ("auto", "auto", 0.125),
 )
-IMAGES = 640
-"""32x32 RGB images of `preresnet18`'s image folder."""
-
-
-def image_folder(root: Path) -> list[str]:
-    """640 random 32x32 RGB PNGs in 10 class folders (each class a mean colour plus noise, so
-    it can be learnt); the `hf` data keys that read them."""
-    import numpy as np
-    from PIL import Image
-
-    g = np.random.default_rng(0)
-    for k in range(IMAGES):
-        folder = root / f"class{k % 10}"
-        folder.mkdir(parents=True, exist_ok=True)
-        colour = np.array([(k % 10) * 25, 255 - (k % 10) * 25, 128])
-        pixels = np.clip(colour + g.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(folder / f"{k}.png")
-    return ["data.name=hf", f"data.path={root}", "data.features.image=image", "model.name=preresnet18"]
 
 
 def placement() -> None:
@@ -169,7 +154,7 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
     print("|---|---|---|---|---|---|---|")
     data = {model: [f"model.name={model}"] for model in models}
     if "preresnet18" in models:
-        data["preresnet18"] = image_folder(out / "images")
+        data["preresnet18"] = [*image_folder(out / "images"), "model.name=preresnet18"]
     for model in models:
         for actors, vectorize, gpus in THROUGHPUT:
             run = out / f"{model}-{actors}-{vectorize}-{gpus}"

@@ -46,6 +46,7 @@ MODELS = {
     "cnn1d": "1-D CNN: 3 conv(k5, s2) blocks * rate + linear, sequence input (C,L); split after 2 convs",
     "cnn2": "FedAvg's CNN: 2 conv(5x5) [32,64]*rate + pool, fc 512*rate, image input (C,H,W)",
     "cnn_h": "CNN-H for HAR (MergeSFL): 3 conv(5x5) + 2 FC, split after layer 3",
+    "cnn_pfl": "pfl-research's CIFAR-10 CNN: 2 conv(3x3) [32,64]*rate + pool + dropout, fc 128*rate + dropout",
     "cnn_s": "CNN-S for speech (MergeSFL, M5-style): 4 conv1d + 1 FC, split after layer 4",
     "hf_encoder": "Hugging Face encoder (BERT/RoBERTa/MiniLM) cut to its bottom depth layers; numeric tokens as "
     "inputs_embeds; needs transformers",

@@ -59,6 +59,32 @@ def test_numbers_that_are_not_finite_or_would_exhaust_memory(tmp_path, monkeypat
     assert refused(tmp_path, monkeypatch, capsys, ["--set", f"{key}={value}"], mode) == said
 
 
+@pytest.mark.parametrize(
+    "sets, said",
+    [
+        (["federation.precision=fp8"], "federation.precision: Input should be 'fp32' or 'bf16'"),
+        # 1000 clients of a 67M-parameter MLP at once: about a terabyte of training memory
+        (
+            [
+                "model.name=mlp",
+                "model.hidden=[8192, 8192]",
+                "data.num_clients=1000",
+                "federation.clients_per_round=1000",
+                "ray.clients_per_call=1000",
+                "ray.vectorize=1000",
+            ],
+            "ray.vectorize: 1000 clients of model mlp need ",
+        ),
+        (["algorithm.name=localonly", "ray.sums=device"], "ray.sums: device: localonly's aggregate is not a sum"),
+        (["algorithm.name=sfl", "ray.sums=device"], "ray.sums: device: sfl's aggregate is not a sum"),
+        (["federation.mode=async", "ray.sums=device"], "ray.sums: device: under federation.mode async"),
+    ],
+    ids=["precision", "vectorize-width", "sums-localonly", "sums-split", "sums-async"],
+)
+def test_what_the_client_loop_cannot_honour(tmp_path, monkeypatch, capsys, mode, sets, said):
+    assert refused(tmp_path, monkeypatch, capsys, [a for s in sets for a in ("--set", s)], mode).startswith(said)
+
+
 def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_its_key(
     tmp_path, monkeypatch, capsys, mode
 ):

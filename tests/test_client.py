@@ -1,14 +1,16 @@
-"""An algorithm owns its client loop: one defined here, in the test file alone, trains in stages.
+"""An algorithm owns its steps: one defined here, in the test file alone, trains in stages
+through the one client loop.
 
 `TwoStage` trains the first linear layer with its own optimizer, then the last linear layer
-with another, over seeded batches from the shared context; the middle layer never trains. It
-reports per-stage figures through `ClientResult.metrics`, which become columns of
+with another, over seeded batches from the shared context (its `schedule`); the middle layer
+never trains. It reports per-stage figures through `Trained.metrics`, which become columns of
 `clients.parquet`. Nothing in `rayfl/` knows it.
 """
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -16,9 +18,8 @@ from rayfl import api
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientProcedure
 from rayfl.algorithms.fedavg import FedAvgConfig, FedAvgPolicy
-from rayfl.algorithms.messages import ClientResult
+from rayfl.algorithms.local import LocalState, Trained
 from rayfl.config.load import load_config
-from rayfl.models import to_numpy
 from rayfl.runner import run_local
 
 
@@ -27,42 +28,39 @@ class TwoStageConfig(FedAvgConfig):
 
 
 class TwoStage(ClientProcedure):
-    """Stage 0: the first linear layer only; stage 1: the last linear layer only; each stage a
-    fresh optimizer over its own layer and its own seeded pass over the data."""
+    """Stage 0: the first linear layer only; stage 1: the last linear layer only; each stage its
+    own optimizer over its own layer and its own seeded pass over the data (its `schedule`)."""
 
-    def run(self, task, data, ctx):
-        model = ctx.load(task.model, task.weights).train()
+    def init(self, task, ctx):
+        return LocalState(ctx.load(task.model, task.weights).train(), None, extras={})
+
+    def schedule(self, task, state, data, ctx):
+        model = state.model
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-        metrics, total, samples = {}, 0.0, 0
         for stage, layer in enumerate((linears[0], linears[-1])):
             own = {id(p) for p in layer.parameters()}
             for p in model.parameters():
                 p.requires_grad_(id(p) in own)
-            opt = task.optimizer.build(layer.parameters())
-            before = to_numpy(model)
-            for b in ctx.batches(task, len(data), purpose=f"stage-{stage}"):
-                x, y = data.batch(b)
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                total += ctx.finite(float(loss.detach())) * len(b)
-                samples += len(b)
-            after = to_numpy(model)
+            state.optimizer = ctx.optimizer(task.optimizer, layer.parameters(), slot=f"stage-{stage}")
+            before = {k: v.clone() for k, v in ctx.tensors(model).items()}
+            yield from ctx.batches(task, data, purpose=f"stage-{stage}")
             inside = {k for k, p in model.named_parameters() if id(p) in own}
-            moved = {k for k in before if not np.array_equal(before[k], after[k])}
-            metrics[f"moved_inside_{stage}"] = len(moved & inside)
-            metrics[f"moved_outside_{stage}"] = len(moved - inside)
+            moved = {k for k, v in ctx.tensors(model).items() if not torch.equal(before[k], v)}
+            state.extras[f"moved_inside_{stage}"] = len(moved & inside)
+            state.extras[f"moved_outside_{stage}"] = len(moved - inside)
         for p in model.parameters():  # the cached module serves the next task whole
             p.requires_grad_(True)
-        return ClientResult.of(
-            task,
-            weights=to_numpy(model),
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / samples,
-            metrics=metrics,
-        )
+
+    def step(self, state, batch):
+        x, y = batch
+        state.optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(state.model(x), y)
+        loss.backward()
+        state.optimizer.step()
+        return loss.detach()
+
+    def final(self, task, state, ctx):
+        return Trained(ctx.tensors(state.model), metrics=dict(state.extras))
 
 
 # Registered as any algorithm is, when its module is imported (here, by pytest; on a Ray actor, by

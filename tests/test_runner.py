@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
@@ -88,15 +89,22 @@ def test_virtual_clock_of_a_round_matches_the_cost_model_by_hand(tmp_path):
 
 
 class PoisonOne(InProcessExecutor):
-    """Client 0 returns NaN weights (as a diverged client would)."""
+    """Client 0 ends its training with NaN weights (as a diverged client's), its losses finite:
+    the loop finds them on the device."""
 
     def __init__(self, fed):
         super().__init__(fed)
-        run_all = self.runner.run_all
-        self.runner.run_all = lambda tasks: [
-            r.replace(weights={k: np.full_like(v, np.nan) for k, v in r.weights.items()}) if r.client_id == 0 else r
-            for r in run_all(tasks)
-        ]
+        final = fed.procedure.final
+
+        def poisoned(task, state, ctx):
+            trained = final(task, state, ctx)
+            if task.client_id == 0:
+                with torch.no_grad():
+                    for t in trained.weights.values():
+                        t.fill_(float("nan")) if t.is_floating_point() else None
+            return trained
+
+        fed.procedure.final = poisoned
 
 
 def test_non_finite_updates_are_rejected_and_recorded(tmp_path):

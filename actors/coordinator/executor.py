@@ -107,7 +107,7 @@ class RayExecutor:
 
     def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
         """A group whose call failed as a whole: each client failed, having downloaded the model."""
-        return settle_all(self.account, group, failed_all(group, reason), sums=False)
+        return settle_all(self.account, zip(group, failed_all(group, reason)))
 
     def wait_until_up(self, actors: Sequence[ray.actor.ActorHandle]) -> None:
         """Block until each of `actors` answers a probe (`ActorsLost` after `timeout_s`, a report every 5 s)."""

@@ -4,15 +4,14 @@ A server policy has verbs, not a loop. Its core (`CORE`) is six: `init_state`, `
 `select`, `configure`, `aggregate`, `evaluate`, each taking the round and the frozen
 `ServerState` and returning new values; what else it may do is an opt-in capability the engine
 checks by capability (`capabilities`: eligibility, config checks, reports, personalisation, a
-server in the loop, sums and costs computed where the clients train). A client procedure owns
-its local loop: `run(task, data, ctx)`, by default init / step per batch / final over the seeded
-batches that `ctx` gives (`local.ClientContext`). The messages they trade are in `messages`, the
-local-loop kit in `local`.
+server in the loop, sums and costs computed where the clients train). A client procedure
+supplies its steps (init / schedule / step / final) to the one client loop of `local`, which
+owns the device work. The messages they trade are in `messages`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,13 +20,12 @@ from torch import nn
 from .. import rng
 from ..config import ModelConfig, RunConfig
 from ..evaluate import Evaluator
-from ..models import to_numpy
 from ..optim import OptimizerSpec, lr_schedule
 from ..types import ClientId, Round, Weights
 from .capabilities import Eligible
 from .exchange import ClientSession
-from .local import ClientContext, ClientData, LocalState
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
+from .local import ClientContext, ClientData, LocalState, Trained, finish
+from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, ServerState
 from .personal import personal_scores
 
 CORE = ("init_state", "global_model", "select", "configure", "aggregate", "evaluate")
@@ -151,37 +149,44 @@ def head_scores(policy: ServerPolicy, model: nn.Module, round: Round, evaluator:
 
 
 class ClientProcedure:
-    """Client half of an algorithm. `run` is the whole local round; its default drives
-    `init`, then `step` per seeded batch, then `final`. Override `run` to train in stages, train
-    several models per batch or add local passes; the context gives the shared pieces."""
+    """Client half of an algorithm: its steps, trained through the one client loop
+    (`local.train`, docs/design.md) that owns the device work. `init` loads its models (cached,
+    `ClientContext.load`) and optimizers; `schedule` yields what each step trains on (by default
+    the task's seeded batches; a procedure trains in stages, or on several streams at once, by
+    yielding its own items, each with a `size`); `step` trains on one item and returns its
+    loss, or named losses, as device tensors (every one is checked for NaN and infinity);
+    `final` says what the client hands back (`local.Trained`)."""
 
     def __init__(self, config: RunConfig):
         self.config = config
 
-    def run(self, task: ClientTask, data: ClientData, ctx: ClientContext) -> ClientResult:
-        """Local training for one task. A non-finite loss (`ctx.finite`) ends it as a failure."""
-        state = self.init(task, ctx.load(task.model, task.weights))
-        total, samples = 0.0, 0
-        for b in ctx.batches(task, len(data)):
-            loss = ctx.finite(self.step(state, data.batch(b)))
-            total += loss * len(b)
-            samples += len(b)
-        return self.final(task, state, len(data), samples, total / max(samples, 1))
+    def run(self, task: ClientTask, data: ClientData, ctx: ClientContext) -> ClientResult | ClientFailure:
+        """The one client loop: `init`, then `step` over the `schedule` (each step's losses kept on
+        the device, with the item's `size` and the samples drawn so far), then `final`, then one
+        read of everything (`local.finish`)."""
+        state = self.init(task, ctx)
+        steps: list[tuple[Mapping[str, torch.Tensor], int, int]] = []
+        for item in self.schedule(task, state, data, ctx):
+            with ctx.autocast():  # a step at a time: autocast's casts of the weights last as long as its context
+                values = self.step(state, item)
+            steps.append((values if isinstance(values, Mapping) else {"loss": values}, item.size, ctx.samples_drawn))
+        return finish(task, data, self.final(task, state, ctx), steps, ctx.samples_drawn)
 
     def open_session(self, task: ClientTask, data: ClientData, ctx: ClientContext) -> ClientSession:
         """The client side of a server-in-the-loop round (algorithms whose policy opens a driver)."""
         raise NotImplementedError(f"{type(self).__name__} has no session: its policy opens no driver")
 
-    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
+    def init(self, task: ClientTask, ctx: ClientContext) -> LocalState:
         raise NotImplementedError
 
-    def step(self, state: LocalState, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-        """One optimisation step on one batch; returns the batch loss."""
+    def schedule(self, task: ClientTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterable[Any]:
+        """What the steps train on: the task's epochs of seeded batches."""
+        return ctx.batches(task, data)
+
+    def step(self, state: LocalState, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor]:
+        """One optimisation step on one batch; returns the batch loss (a device tensor)."""
         raise NotImplementedError
 
-    def final(
-        self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float
-    ) -> ClientResult:
-        return ClientResult.of(
-            task, weights=to_numpy(state.model), num_examples=num_examples, num_samples=num_samples, train_loss=loss
-        )
+    def final(self, task: ClientTask, state: LocalState, ctx: ClientContext) -> Trained:
+        """What the client hands back: by default its model's tensors."""
+        return Trained(ctx.tensors(state.model))

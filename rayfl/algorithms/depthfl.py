@@ -43,12 +43,13 @@ from torch import nn
 
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..evaluate import Evaluator, scores
-from ..models import build_model, to_numpy
+from ..models import build_model
 from ..models.preresnet20 import PreResNet20Config
 from ..types import ClientId, Round, Weights
 from . import aggregate
 from .base import ClientProcedure, ServerPolicy
 from .fedepth import FEDEPTH_MODELS
+from .local import Batch, ClientContext, LocalState, Trained
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .registry import Algorithm, register
 
@@ -113,13 +114,15 @@ def feddyn_penalty(
     return -linear + alpha / 2 * quadratic
 
 
-def dyn_state_update(grad_prev: Weights, theta: Weights, theta_glob: Weights, alpha: float) -> dict[str, np.ndarray]:
-    """FedDyn's client state after training (Alg. 1): grad_prev <- grad_prev - alpha (theta - theta_glob)."""
-    return {
-        k: np.asarray(g, np.float64)
-        - alpha * (np.asarray(theta[k], np.float64) - np.asarray(theta_glob[k], np.float64))
-        for k, g in grad_prev.items()
-    }
+def dyn_state_update(
+    grad_prev: Mapping[str, torch.Tensor],
+    theta: Mapping[str, torch.Tensor],
+    theta_glob: Mapping[str, torch.Tensor],
+    alpha: float,
+) -> dict[str, torch.Tensor]:
+    """FedDyn's client state after training (Alg. 1): grad_prev <- grad_prev - alpha (theta - theta_glob),
+    in float64 on the tensors' device."""
+    return {k: g.double() - alpha * (theta[k].double() - theta_glob[k].double()) for k, g in grad_prev.items()}
 
 
 def feddyn_server(
@@ -331,46 +334,53 @@ class DepthFLPolicy(ServerPolicy):
 # --------------------------------------------------------------------------- client
 
 
+@dataclass
+class DynState:
+    """One client's round: its task, and FedDyn's tensors: its parameters, theta_glob (the prefix
+    it received) and grad_prev (zeros in its first round)."""
+
+    task: DepthFLTask
+    params: dict[str, torch.Tensor]
+    theta_glob: dict[str, torch.Tensor]
+    grad_prev: dict[str, torch.Tensor]
+
+
 class DepthFLClient(ClientProcedure):
     """Local epochs on the self-distillation loss (plus FedDyn's regulariser) over the prefix."""
 
-    def run(self, task: DepthFLTask, data, ctx) -> ClientResult:
-        model = ctx.load(task.model, task.weights)
-        model.train()
-        optimizer = task.optimizer.build(model.parameters())
+    def init(self, task: DepthFLTask, ctx: ClientContext) -> LocalState:
+        model = ctx.load(task.model, task.weights).train()
         params = dict(model.named_parameters())
-        theta_glob = {k: p.detach().clone() for k, p in params.items()}
-        grad_prev = {
-            k: torch.as_tensor(np.asarray(task.grad_prev[k]), dtype=p.dtype, device=p.device)
-            if task.grad_prev
-            else torch.zeros_like(p)
-            for k, p in params.items()
-        }
-        total, samples = 0.0, 0
-        for b in ctx.batches(task, len(data)):
-            x, y = data.batch(b)
-            loss = self_distillation_loss(exit_logits(model, x), y, task.kd_weight)
-            objective = loss + feddyn_penalty(params, theta_glob, grad_prev, task.alpha) if task.feddyn else loss
-            ctx.finite(float(objective.detach()))
-            optimizer.zero_grad(set_to_none=True)
-            objective.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(b)
-            samples += len(b)
-        weights = to_numpy(model)
-        keep = {}
-        if task.feddyn:
-            host = lambda tensors: {k: v.cpu().numpy() for k, v in tensors.items()}
-            keep["grad_prev"] = dyn_state_update(host(grad_prev), weights, host(theta_glob), task.alpha)
-        return ClientResult.of(
+        previous = ctx.on_device(task.grad_prev) if task.grad_prev else {}
+        dyn = DynState(
             task,
-            weights=weights,
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / max(samples, 1),
-            metrics={"depth": float(len(model.layers))},
-            keep=keep,
+            params,
+            {k: p.detach().clone() for k, p in params.items()},
+            {k: previous[k].to(p.dtype) if previous else torch.zeros_like(p) for k, p in params.items()},
         )
+        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), dyn)
+
+    def step(self, state: LocalState, batch: Batch) -> dict[str, torch.Tensor]:
+        """The objective (checked) and the self-distillation loss (reported)."""
+        dyn = state.extras
+        task = dyn.task
+        x, y = batch
+        loss = self_distillation_loss(exit_logits(state.model, x), y, task.kd_weight)
+        objective = (
+            loss + feddyn_penalty(dyn.params, dyn.theta_glob, dyn.grad_prev, task.alpha) if task.feddyn else loss
+        )
+        state.optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        state.optimizer.step()
+        return {"loss": loss.detach(), "objective": objective.detach()}
+
+    def final(self, task: DepthFLTask, state: LocalState, ctx: ClientContext) -> Trained:
+        """The prefix's tensors; with FedDyn, the client's new grad_prev (kept by the server)."""
+        weights, dyn = ctx.tensors(state.model), state.extras
+        keep = (
+            {"grad_prev": dyn_state_update(dyn.grad_prev, weights, dyn.theta_glob, task.alpha)} if task.feddyn else {}
+        )
+        return Trained(weights, metrics={"depth": float(len(state.model.layers))}, keep=keep)
 
 
 DEPTHFL = register(

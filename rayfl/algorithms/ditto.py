@@ -26,12 +26,11 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from ..evaluate import Evaluator
-from ..models import to_numpy, to_torch
 from ..types import ClientId, Round, Weights
 from .capabilities import train_cost
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from .fedprox import squared_distance
-from .local import LocalState
+from .local import Batch, ClientContext, LocalState, Trained
 from .messages import ClientResult, ClientTask, ServerState
 from .personal import accuracy_stats, own_test_rows, predictions
 from .registry import Algorithm, register
@@ -99,44 +98,47 @@ class DittoPolicy(FedAvgPolicy):
 # --------------------------------------------------------------------------- client
 
 
-def personal_step(v: LocalState, batch: tuple[torch.Tensor, torch.Tensor], lam: float) -> float:
+def personal_step(v: LocalState, batch: tuple[torch.Tensor, torch.Tensor], lam: float) -> torch.Tensor:
     """Alg. 1's personal step: v_k <- v_k - eta (grad F_k(v_k) + lambda (v_k - w^t)), by the
     optimizer on h_k(v_k; w^t) = F_k(v_k) + (lambda / 2) ||v_k - w^t||^2 (w^t in `v.extras`).
-    Returns the batch's h_k."""
+    Returns the batch's h_k (a device tensor)."""
     x, y = batch
     v.optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(v.model(x), y) + lam / 2 * squared_distance(dict(v.model.named_parameters()), v.extras)
     loss.backward()
     v.optimizer.step()
-    return float(loss.detach())
+    return loss.detach()
+
+
+@dataclass
+class DittoState(LocalState):
+    """FedAvg's local state of w, and v_k's (its extras: w^t)."""
+
+    personal: LocalState | None = None
 
 
 class DittoClient(FedAvgClient):
     """FedAvg's local SGD on w and Ditto's personal steps on v_k, batch by batch."""
 
-    def run(self, task: DittoTask, data, ctx) -> ClientResult:
-        state = self.init(task, ctx.load(task.model, task.weights))
-        personal = ctx.build(task.model)
-        personal.load_state_dict(to_torch(task.personal))
+    def init(self, task: DittoTask, ctx: ClientContext) -> DittoState:
+        state = super().init(task, ctx)
+        personal = ctx.load(task.model, task.personal, slot="personal").train()
         reference = {n: p.detach().clone() for n, p in state.model.named_parameters()}  # w^t
-        v = LocalState(personal.train(), task.optimizer.build(personal.parameters()), reference)
-        lam = self.config.algorithm.lam
-        total = personal_total = 0.0
-        samples = 0
-        for b in ctx.batches(task, len(data)):
-            batch = data.batch(b)
-            total += ctx.finite(self.step(state, batch)) * len(b)
-            personal_total += ctx.finite(personal_step(v, batch, lam)) * len(b)
-            samples += len(b)
-        n = max(samples, 1)
-        return ClientResult.of(
-            task,
-            weights=to_numpy(state.model),
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / n,
-            metrics={"personal_loss": personal_total / n},
-            keep={"personal": to_numpy(personal)},
+        v = LocalState(personal, ctx.optimizer(task.optimizer, personal.parameters(), slot="personal"), reference)
+        return DittoState(state.model, state.optimizer, state.extras, v)
+
+    def step(self, state: DittoState, batch: Batch) -> dict[str, torch.Tensor]:
+        return {
+            "loss": super().step(state, batch),
+            "personal": personal_step(state.personal, batch, self.config.algorithm.lam),
+        }
+
+    def final(self, task: DittoTask, state: DittoState, ctx: ClientContext) -> Trained:
+        """w's tensors go up; v_k stays (`keep`); `personal_loss` is v_k's mean h_k."""
+        return Trained(
+            ctx.tensors(state.model),
+            metrics={"personal_loss": lambda losses: losses.mean("personal")},
+            keep={"personal": ctx.tensors(state.personal.model)},
         )
 
 

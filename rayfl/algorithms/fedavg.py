@@ -22,7 +22,7 @@ from ..config import AlgorithmConfig
 from ..types import Round, Weights
 from . import aggregate, server_opt
 from .base import ClientProcedure, ServerPolicy
-from .local import ClientContext, ClientData, LocalState
+from .local import Batch, ClientContext, ClientData, LocalState
 from .messages import ClientFailure, ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 from .vectorize import train_vectorized
@@ -91,9 +91,10 @@ class FedAvgClient(ClientProcedure):
     """`penalty(params, anchor, batched)`: a term over the parameters and their initial values,
     a scalar, or (K,) for K stacked clients (`batched`); None: the data term alone."""
 
-    def loss_inputs(self, task: ClientTask, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Per-client tensors the data term reads (HeteroFL's label mask); stacked over the
-        clients of a vectorized call."""
+    def loss_inputs(self, task: ClientTask, model: nn.Module) -> dict[str, np.ndarray]:
+        """Per-client arrays the data term reads as tensors (HeteroFL's label mask), built on the
+        host: moved to the device per client, or stacked over the clients of a vectorized call
+        and moved once."""
         return {}
 
     def data_loss(
@@ -110,14 +111,17 @@ class FedAvgClient(ClientProcedure):
         """K clients' local epochs in one batched computation (`vectorize.train_vectorized`)."""
         return train_vectorized(self, tasks, datas, ctx)
 
-    def init(self, task: ClientTask, model: nn.Module) -> LocalState:
-        model.train()
+    def load(self, task: ClientTask, ctx: ClientContext) -> nn.Module:
+        """The module the client trains, loaded with the task's weights."""
+        return ctx.load(task.model, task.weights)
+
+    def init(self, task: ClientTask, ctx: ClientContext) -> LocalState:
+        model = self.load(task, ctx).train()
         anchor = (
             {n: p.detach().clone() for n, p in model.named_parameters()} if self.penalty is not None else None
         )  # w^t
-        return LocalState(
-            model, task.optimizer.build(model.parameters()), Objective(self.loss_inputs(task, model), anchor)
-        )
+        inputs = {k: torch.from_numpy(v).to(ctx.device) for k, v in self.loss_inputs(task, model).items()}
+        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), Objective(inputs, anchor))
 
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The objective on one batch: the data term, plus the penalty when there is one."""
@@ -126,13 +130,13 @@ class FedAvgClient(ClientProcedure):
             loss = loss + self.penalty(dict(state.model.named_parameters()), state.extras.anchor, False)
         return loss
 
-    def step(self, state: LocalState, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    def step(self, state: LocalState, batch: Batch) -> torch.Tensor:
         x, y = batch
         state.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(state, state.model(x), y)
         loss.backward()
         state.optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
 
 
 FEDAVG = register(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -37,8 +37,9 @@ from ..types import ClientId, Round, Weights
 from . import aggregate
 from .base import ServerPolicy
 from .fedavg import FedAvgClient
+from .local import ClientContext, LocalState, Trained, host
 from .localonly import mean_of, own_model_scores
-from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, ServerState
+from .messages import ClientFailure, ClientResult, ClientTask, FederationContext, OnDevice, ServerState
 from .personal import accuracy_stats, own_test_rows
 from .registry import Algorithm, register
 
@@ -124,8 +125,13 @@ class LGFedAvgClient(FedAvgClient):
     """FedAvg's local training of theta^l_k and theta^g together; theta^g goes up as the result's
     weights, theta^l_k as its `keep`. Vectorizable as FedAvg's."""
 
-    def run(self, task: LGTask, data, ctx) -> ClientResult:
-        return split_result(task, super().run(whole(task), data, ctx))
+    def load(self, task: LGTask, ctx: ClientContext) -> nn.Module:
+        """The whole model theta^l_k + theta^g."""
+        return ctx.load(task.model, task.body, task.weights)
+
+    def final(self, task: LGTask, state: LocalState, ctx: ClientContext) -> Trained:
+        top, body = split(task, ctx.tensors(state.model))
+        return Trained(top, keep={"body": body})
 
     def run_vectorized(self, tasks, datas, ctx):
         return [
@@ -138,13 +144,21 @@ def whole(task: LGTask) -> LGTask:
     return dataclasses.replace(task, weights={**task.body, **task.weights})
 
 
+def split(task: LGTask, weights: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(theta^g_k, theta^l_k) of a trained whole model: the task's keys, and the rest."""
+    return {k: v for k, v in weights.items() if k in task.weights}, {
+        k: v for k, v in weights.items() if k not in task.weights
+    }
+
+
 def split_result(task: LGTask, out: ClientResult | ClientFailure) -> ClientResult | ClientFailure:
-    """A trained whole model's result as theta^g_k (weights, sent up) and theta^l_k (`keep`)."""
+    """A trained whole model's result as theta^g_k (weights, sent up) and theta^l_k (`keep`, on the host)."""
     if isinstance(out, ClientFailure):
         return out
-    top = {k: v for k, v in out.weights.items() if k in task.weights}
-    body = {k: v for k, v in out.weights.items() if k not in task.weights}
-    return dataclasses.replace(out, weights=top, keep={"body": body})
+    top, body = split(task, out.weights)
+    if isinstance(out.weights, OnDevice):
+        top = OnDevice(top, out.weights.nonfinite & top.keys())
+    return dataclasses.replace(out, weights=top, keep={"body": host(body)})
 
 
 LGFEDAVG = register(

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
+import torch
 
 from ..config import ConfigError, ModelConfig
 from ..devices import DeviceProfile, DeviceState, ModelCost
@@ -40,6 +41,21 @@ class ClientTask:
         return {"batch_size": self.batch_size, "lr": self.optimizer.lr}
 
 
+class OnDevice(dict):
+    """A client's trained tensors where it trained (`torch.Tensor`s by state-dict name) and the
+    names of those holding a NaN or an infinity (`nonfinite`: found on the device, read back with
+    the client's losses). They are the module's own tensors: valid until the host trains its next
+    client."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], nonfinite: Collection[str] = ()):
+        super().__init__(tensors)
+        self.nonfinite = frozenset(nonfinite)
+
+    def host(self) -> dict[str, np.ndarray]:
+        """The tensors as numpy arrays of their own (one copy each to the host)."""
+        return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.items()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClientResult:
     """What one client returns: its new weights and what it cost."""
@@ -47,6 +63,7 @@ class ClientResult:
     client_id: ClientId
     round: Round
     weights: Weights
+    """Its new weights: numpy arrays, or where it trained, its tensors on the device (`OnDevice`)."""
     num_examples: int
     """Size of the client's local dataset (FedAvg's weight n_k)."""
     num_samples: int

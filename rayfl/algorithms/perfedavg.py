@@ -20,7 +20,8 @@ size alpha on one batch of the client's training data.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -30,16 +31,17 @@ from torch.func import functional_call
 
 from .. import rng
 from ..evaluate import Evaluator
-from ..models import to_numpy
 from ..types import Round
 from .base import ClientProcedure
 from .fedavg import FedAvgConfig, FedAvgPolicy
-from .messages import ClientResult, ClientTask, ServerState
+from .local import ClientContext, ClientData, LocalState, Trained
+from .messages import ClientTask, ServerState
 from .personal import accuracy_stats, own_test_rows, predictions
 from .registry import Algorithm, register
 
 Params = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
+"""(inputs, labels): a `local.Batch` unpacks to it."""
 PURPOSES = ("batches", "outer", "hessian")
 """The seeded batch streams of D, D' and D'' (D's are FedAvg's)."""
 
@@ -56,12 +58,13 @@ class PerFedAvgConfig(FedAvgConfig):
 # --------------------------------------------------------------------------- local step
 
 
-def gradient(model: nn.Module, params: Params, batch: Batch) -> tuple[float, Params]:
-    """f(params; batch) and grad f(params; batch), the cross-entropy of `model` run with `params`."""
+def gradient(model: nn.Module, params: Params, batch: Batch) -> tuple[torch.Tensor, Params]:
+    """f(params; batch) (a device tensor) and grad f(params; batch), the cross-entropy of `model`
+    run with `params`."""
     x, y = batch
     params = {n: p.detach().requires_grad_(True) for n, p in params.items()}
     loss = F.cross_entropy(functional_call(model, params, (x,)), y)
-    return float(loss.detach()), dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+    return loss.detach(), dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
 
 
 def inner_step(w: Params, g: Params, alpha: float) -> Params:
@@ -76,7 +79,9 @@ def hessian_vector(model: nn.Module, w: Params, u: Params, batch: Batch, delta: 
     return {n: (plus[n] - minus[n]) / (2 * delta) for n in w}
 
 
-def meta_gradient(model: nn.Module, batches: Sequence[Batch], alpha: float, delta: float) -> tuple[float, Params]:
+def meta_gradient(
+    model: nn.Module, batches: Sequence[Batch], alpha: float, delta: float
+) -> tuple[torch.Tensor, Params]:
     """The outer step's direction (Alg. 1): grad f(w~; D') (FO, two batches), or
     (I - alpha H(w; D'')) grad f(w~; D') (HF, a third batch); with f(w~; D')."""
     w = dict(model.named_parameters())
@@ -90,7 +95,7 @@ def meta_gradient(model: nn.Module, batches: Sequence[Batch], alpha: float, delt
 
 def outer_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Batch], alpha: float, delta: float
-) -> float:
+) -> torch.Tensor:
     """One local step of Alg. 1: w <- w - beta x `meta_gradient`, by the task's optimizer at rate
     beta. Returns f(w~; D'), the batch's meta-loss."""
     loss, direction = meta_gradient(model, batches, alpha, delta)
@@ -109,23 +114,39 @@ def adapt_step(model: nn.Module, batch: Batch, alpha: float) -> None:
             p.sub_(alpha * g[n])
 
 
+@dataclass(frozen=True)
+class Streams:
+    """One local step's batches of D, D' (and D''); its loss is averaged over D' (`size`)."""
+
+    batches: tuple
+    """`local.Batch`es of D, D' (and D'')."""
+
+    @property
+    def size(self) -> int:
+        return self.batches[1].size
+
+
 class PerFedAvgClient(ClientProcedure):
     """Alg. 1's local steps over the seeded streams of D, D' (and D'' for HF)."""
 
-    def run(self, task: ClientTask, data, ctx) -> ClientResult:
-        cfg = self.config.algorithm
+    def init(self, task: ClientTask, ctx: ClientContext) -> LocalState:
         model = ctx.load(task.model, task.weights).train()
-        optimizer = task.optimizer.build(model.parameters())
-        streams = [ctx.batches(task, len(data), purpose=p) for p in PURPOSES[: 3 if cfg.variant == "hf" else 2]]
-        total, outer, samples = 0.0, 0, 0
-        for idx in zip(*streams):
-            loss = ctx.finite(outer_step(model, optimizer, [data.batch(b) for b in idx], cfg.alpha, cfg.delta))
-            total += loss * len(idx[1])
-            outer += len(idx[1])
-            samples += len(idx[0]) + len(idx[1]) + 2 * sum(len(b) for b in idx[2:])  # HF: two gradients on D''
-        return ClientResult.of(
-            task, weights=to_numpy(model), num_examples=len(data), num_samples=samples, train_loss=total / max(outer, 1)
-        )
+        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), extras=[0])
+
+    def schedule(self, task: ClientTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Streams]:
+        hf = self.config.algorithm.variant == "hf"
+        streams = [ctx.batches(task, data, purpose=p) for p in PURPOSES[: 3 if hf else 2]]
+        for batches in zip(*streams):
+            state.extras[0] += sum(b.size for b in batches[2:])  # HF: the second gradient on D''
+            yield Streams(batches)
+
+    def step(self, state: LocalState, item: Streams) -> torch.Tensor:
+        cfg = self.config.algorithm
+        return outer_step(state.model, state.optimizer, item.batches, cfg.alpha, cfg.delta)
+
+    def final(self, task: ClientTask, state: LocalState, ctx: ClientContext) -> Trained:
+        """The model's tensors; the compute: every batch drawn, D'' twice under HF."""
+        return Trained(ctx.tensors(state.model), num_samples=ctx.samples_drawn + state.extras[0])
 
 
 # --------------------------------------------------------------------------- server

@@ -24,7 +24,7 @@ from .. import rng
 from ..devices.cost import client_time, nbytes
 from ..types import ClientId, Round, Weights
 from .fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
-from .local import LocalState
+from .local import ClientContext, LocalState, Trained
 from .messages import ClientResult, ClientTask, ServerState
 from .registry import Algorithm, register
 
@@ -80,17 +80,16 @@ class PyramidFLPolicy(FedAvgPolicy):
 
 class PyramidFLClient(FedAvgClient):
     """FedAvg's local training; the result also reports ||x_k - x_t|| over the parameters
-    (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads."""
+    (`update_norm`, a `clients.parquet` column), the reward PyramidFL's selection reads, computed
+    in float64 on the client's device."""
 
-    def final(
-        self, task: ClientTask, state: LocalState, num_examples: int, num_samples: int, loss: float
-    ) -> ClientResult:
-        result = super().final(task, state, num_examples, num_samples, loss)
-        params = [k for k, _ in state.model.named_parameters()]
-        norm = math.sqrt(
-            sum(float(np.sum((np.asarray(result.weights[k], np.float64) - task.weights[k]) ** 2)) for k in params)
-        )
-        return dataclasses.replace(result, metrics={**result.metrics, "update_norm": norm})
+    def final(self, task: ClientTask, state: LocalState, ctx: ClientContext) -> Trained:
+        trained = super().final(task, state, ctx)
+        start = ctx.on_device(task.weights)
+        squares = [
+            ((trained.weights[k].double() - start[k].double()) ** 2).sum() for k, _ in state.model.named_parameters()
+        ]
+        return dataclasses.replace(trained, metrics={**trained.metrics, "update_norm": sum(squares).sqrt()})
 
 
 PYRAMIDFL = register(

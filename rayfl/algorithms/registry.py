@@ -77,6 +77,23 @@ class Algorithm:
                 f"federation.mode: {self.name} runs in synchronous rounds only, not {mode}: {self.sync_only}"
             )
 
+    def check_sums(self, where: str, mode: str) -> None:
+        """`ConfigError` naming `ray.sums` when `device` asks for a sum on the device where the
+        clients' updates are not summed where they train: a policy that needs each update whole,
+        or a server that takes updates as they arrive."""
+        if where != "device":
+            return
+        if not callable(getattr(self.policy, "summand", None)):
+            raise ConfigError(
+                f"ray.sums: device: {self.name}'s aggregate is not a sum of its clients' updates (it needs each one "
+                "whole); use auto"
+            )
+        if mode != "sync":
+            raise ConfigError(
+                f"ray.sums: device: under federation.mode {mode} the server takes each update whole as it arrives; "
+                "use auto"
+            )
+
 
 _ALGORITHMS: dict[str, Algorithm] = {}
 _PLUGINS_LOADED: list[bool] = []

@@ -112,7 +112,7 @@ class SplitSession(ClientSession):
 
     def forward(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch's features (float32) and labels (int64)."""
-        x, y = self.data.batch(self.next_batch())
+        x, y = self.data.batch(torch.from_numpy(self.next_batch()).to(self.data.y.device))
         self.bottom.train()
         self.features = self.bottom(x)
         return self.features.detach().cpu().numpy(), y.cpu().numpy()
@@ -138,7 +138,7 @@ class SplitClient(ClientProcedure):
     """The worker side of split learning: it trains only inside the server's exchange."""
 
     def open_session(self, task: SplitTask, data: ClientData, ctx: ClientContext) -> SplitSession:
-        bottom = split(ctx.build(task.model), task.model.split_layer)[0]
+        bottom = split(ctx.models.build(task.model), task.model.split_layer)[0]
         bottom.load_state_dict(to_torch(task.weights))
         return SplitSession(task, bottom, data, ctx.seed)
 

@@ -32,13 +32,14 @@ from .. import rng
 from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
 from ..devices.cost import nbytes
 from ..evaluate import Evaluator, scores
-from ..models import build_model, to_numpy, to_torch
+from ..models import build_model, to_numpy
 from ..models.layers import WidthConfig
 from ..types import ClientId, Round, Weights
 from . import aggregate
 from .base import ClientProcedure, ServerPolicy
 from .budget import RATE_TOL, client_rates
 from .fedepth import FEDEPTH_MODELS
+from .local import Batch, ClientContext, LocalState, Trained
 from .messages import ClientResult, ClientTask, FederationContext, ServerState
 from .registry import Algorithm, register
 
@@ -219,32 +220,29 @@ class SplitMixClient(ClientProcedure):
     optimizer over the sum of their losses (the bases never see each other's outputs). The
     reported `train_loss` is the bases' mean cross-entropy."""
 
-    def run(self, task: SplitMixTask, data, ctx) -> ClientResult:
-        nets = []
-        for k in task.bases:
-            net = ctx.build(task.model)
-            net.load_state_dict(to_torch(unprefixed(k, task.weights)))
-            net.train()
-            nets.append(net)
-        optimizer = task.optimizer.build(p for net in nets for p in net.parameters())
-        total, samples = 0.0, 0
-        for b in ctx.batches(task, len(data)):
-            x, y = data.batch(b)
-            loss = sum(F.cross_entropy(net(x), y) for net in nets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += ctx.finite(float(loss.detach())) / len(nets) * len(b)
-            samples += len(b)
-        weights = {k: v for b, net in zip(task.bases, nets) for k, v in prefixed(b, to_numpy(net)).items()}
-        metrics = {"bases": float(len(nets)), "width": len(nets) * task.model.rate}
-        return ClientResult.of(
-            task,
-            weights=weights,
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / max(samples, 1),
-            metrics=metrics,
+    def init(self, task: SplitMixTask, ctx: ClientContext) -> LocalState:
+        weights = ctx.on_device(task.weights)
+        nets = [
+            ctx.load(task.model, unprefixed(k, weights), slot=f"base-{i}").train() for i, k in enumerate(task.bases)
+        ]
+        params = [p for net in nets for p in net.parameters()]
+        return LocalState(nets[0], ctx.optimizer(task.optimizer, params, slot="bases"), extras=nets)
+
+    def step(self, state: LocalState, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        loss = sum(F.cross_entropy(net(x), y) for net in state.extras)
+        state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        state.optimizer.step()
+        return loss.detach()
+
+    def final(self, task: SplitMixTask, state: LocalState, ctx: ClientContext) -> Trained:
+        nets = state.extras
+        weights = {k: v for b, net in zip(task.bases, nets) for k, v in prefixed(b, ctx.tensors(net)).items()}
+        return Trained(
+            weights,
+            metrics={"bases": float(len(nets)), "width": len(nets) * task.model.rate},
+            train_loss=lambda losses: losses.mean(each=lambda v: v / len(nets)),
         )
 
 

@@ -172,6 +172,11 @@ class FederationConfig(Strict):
         description="clip each step's gradients: {kind: norm|value, max: M}; a number M is {kind: norm, max: M} "
         "(HeteroFL: norm 1; FedSup's code: value 1)",
     )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="the clients' local steps: fp32, or bf16 (torch's autocast on the client's device; the weights, "
+        "the optimizer and the sums stay float32 / float64)",
+    )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and the last)")
     eval_clients: int = Field(
         1000,

@@ -144,6 +144,7 @@ def parse_config(raw: Mapping[str, Any] | None) -> RunConfig:
         raise ConfigError(format_error(exc, raw, RunConfig)) from None
     algorithm.check_mode(config.federation.mode)
     algorithm.check_population(config.data.num_clients)
+    algorithm.check_sums(config.ray.sums, config.federation.mode)
     if issubclass(algorithm.policy, ChecksConfig):  # options it cannot honour
         algorithm.policy.check_config(config)
     return config

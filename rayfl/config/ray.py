@@ -57,6 +57,13 @@ class RayConfig(Strict):
         "auto: on a GPU client actor every client of a call that its memory share holds (where the "
         "algorithm and model allow it), else 1",
     )
+    sums: Literal["auto", "device", "host"] = Field(
+        "auto",
+        description="where an actor adds up the clients of a call whose aggregate is a sum: on the device they train "
+        "on (only the call's sum leaves it), or on the host (each client's weights copied off the device first: "
+        "spares the device the float64 sum); auto: device where the algorithm and federation.mode sum a call's "
+        "clients, else nothing is summed there; device: refused where they do not",
+    )
     clients_per_call: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
         "auto",
         description="clients an actor trains per call, returning one partial sum; in-process runs group them alike, "

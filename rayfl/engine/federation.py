@@ -112,6 +112,8 @@ def build_federation(config: RunConfig) -> Federation:
         training_memory=training_memory,
     )
     vectorizable = vectorizes(config, algorithm, probe)
+    if vectorizable:
+        check_width(config, training_memory(config.model))
     policy = algorithm.policy(config, context)
     evaluator = Evaluator(clients, models, config.federation.eval_batch_size, config.federation.eval_clients)
     return Federation(
@@ -144,6 +146,40 @@ def vectorizes(config: RunConfig, algorithm: Any, probe: Any) -> bool:
         if config.ray.vectorize not in ("auto", 1):
             raise
         return False
+
+
+def actor_memory(config: RunConfig) -> tuple[int, str] | None:
+    """The bytes of device memory one client actor trains in, and what they are: a GPU actor's
+    share of the GPU this process sees (`ray.gpus_per_actor` x its memory), or on CPUs the host's
+    memory (an actor cannot have more); None for a GPU actor where this process sees no GPU."""
+    import psutil
+    import torch
+
+    gpus = config.ray.gpus_per_actor
+    if gpus > 0:
+        if not torch.cuda.is_available():
+            return None
+        total = torch.cuda.get_device_properties(0).total_memory
+        return int(min(1.0, gpus) * total), f"a client actor's share ({min(1.0, gpus):g}) of the GPU"
+    return int(psutil.virtual_memory().total), "this host's memory"
+
+
+def check_width(config: RunConfig, each: int) -> None:
+    """`ConfigError` naming `ray.vectorize` when K clients of the run's model cannot train at once
+    in an actor's memory (`actor_memory`): K x the model's training memory under the run's batch
+    size and optimizer (`ModelCost.training_memory`); K is `ray.vectorize`, at most a call's clients."""
+    width, memory = config.ray.vectorize, actor_memory(config)
+    if width == "auto" or memory is None:
+        return
+    width = min(width, config.call_size)
+    if width == 1:
+        return
+    have, where = memory
+    if width * each > have:
+        raise ConfigError(
+            f"ray.vectorize: {width} clients of model {config.model.name} need {width * each / 2**30:.1f} GiB of "
+            f"training memory at once; {where} holds {have / 2**30:.1f} GiB ({have // each} clients)"
+        )
 
 
 def width_memory(config: RunConfig, training_memory: Callable[[ModelConfig], int], rate: float) -> int:

@@ -1,13 +1,15 @@
 """What runs where a federation's clients train: the `ClientRunner` both executors host (in this
 process, and on each Ray client actor), and the one client-outcome logic.
 
-For each task the runner hands the algorithm's procedure the client's data (`ClientData`) and
-a `ClientContext`, runs it with torch's RNG keyed by (seed, round, client) (or `ray.vectorize`
-clients of one model variant in one batched call), and turns a client with no samples, a
-non-finite loss or any error into a `ClientFailure`. `run_group` settles each outcome where it
-ran (`settle`: status, reason, cost on the virtual clock, by the federation's `ClientAccount`)
-and, where the scheduler says the call sums, adds the accepted clients' summands into the
-group's partial sum.
+For each task the runner hands the algorithm's procedure the client's data (`ClientData`, moved
+to the device once per host and kept) and its `ClientContext`, with the device's generator
+seeded by (seed, round, client) (or `ray.vectorize` clients of one model variant in one batched
+call), and turns a client with no samples, a non-finite loss or any error into a
+`ClientFailure`. `run_group` settles each outcome as it comes, in task order (`settle`: status,
+reason, cost on the virtual clock, by the federation's `ClientAccount`) and, where the scheduler
+says the call sums, adds the accepted clients' summands into the call's one sum on the device
+(`aggregate.Sum`): a client's weights never leave the device, only the call's sum does
+(docs/design.md, "On a GPU"). Other results cross to the host whole.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from .. import rng
-from ..algorithms.aggregate import accumulate, invalid_reason
+from ..algorithms.aggregate import Sum, invalid_reason
 from ..algorithms.base import ClientProcedure
 from ..algorithms.capabilities import ClientAccount
 from ..algorithms.exchange import ClientSession
-from ..algorithms.local import ClientContext, ClientData, ClientDiverged
-from ..algorithms.messages import ClientFailure, ClientResult, ClientTask
+from ..algorithms.local import ClientContext, ClientData
+from ..algorithms.messages import ClientFailure, ClientResult, ClientTask, OnDevice
 from ..data import Clients
 from ..models import ModelCache
 from ..types import ClientId
@@ -86,11 +89,23 @@ def vectorize_width(fed: Federation, device: str, memory_share: float | None) ->
     return max(1, min(fed.config.call_size, int(VECTORIZE_HEADROOM * memory_share // each)))
 
 
+DATA_CACHE_BYTES = 1 << 30
+"""The most bytes of clients' samples a runner keeps on its device (the least recently trained
+client's leave first), so a host keeps what it trains without its memory growing with the population."""
+
+
 class ClientRunner:
     """Runs client tasks of one federation against the training arrays it holds."""
 
     def __init__(
-        self, procedure: ClientProcedure, clients: Clients, seed: int, device: str = "cpu", vectorize: int = 1
+        self,
+        procedure: ClientProcedure,
+        clients: Clients,
+        seed: int,
+        device: str = "cpu",
+        vectorize: int = 1,
+        precision: str = "fp32",
+        sum_device: str | None = None,
     ):
         self.procedure = procedure
         self.clients = clients
@@ -98,37 +113,66 @@ class ClientRunner:
         self.vectorize = vectorize
         if vectorize > 1 and device == "cpu":
             keep_freed_memory()
-        self.context = ClientContext(seed, ModelCache(clients.input_shape, clients.num_classes, device))
+        self.context = ClientContext(seed, ModelCache(clients.input_shape, clients.num_classes, device), precision)
+        self.sum_device = sum_device or device
+        """Where a call's sum is kept: the training device, or the host (`ray.sums: host`)."""
+        self._data: OrderedDict[int, ClientData] = OrderedDict()
+        self._data_bytes = 0
 
     @classmethod
     def of(cls, fed: Federation, device: str = "cpu", memory_share: float | None = None) -> "ClientRunner":
         """The runner of a federation on `device`; `memory_share`: the bytes of GPU memory its
         process may use (for `ray.vectorize: auto`)."""
-        return cls(fed.procedure, fed.clients, fed.config.seed, device, vectorize_width(fed, device, memory_share))
+        cfg = fed.config
+        return cls(
+            fed.procedure,
+            fed.clients,
+            cfg.seed,
+            device,
+            vectorize_width(fed, device, memory_share),
+            cfg.federation.precision,
+            "cpu" if cfg.ray.sums == "host" else None,
+        )
 
     def data(self, client: int) -> ClientData:
-        """The client's samples, produced now (a logical client costs nothing until its task runs)."""
+        """The client's samples on the device: produced and moved there once (a logical client
+        costs nothing until its task runs), then kept while `DATA_CACHE_BYTES` holds them."""
+        if client in self._data:
+            self._data.move_to_end(client)
+            return self._data[client]
         x, y = self.clients.train(client)
         device = self.context.device
-        return ClientData(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        data = ClientData(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        self._data[client] = data
+        self._data_bytes += x.nbytes + y.nbytes
+        while self._data_bytes > DATA_CACHE_BYTES and len(self._data) > 1:
+            _, old = self._data.popitem(last=False)
+            self._data_bytes -= old.x.nbytes + old.y.nbytes
+        return data
 
-    def run_all(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
-        """The tasks of a group, in the order given: one after another, or `vectorize` at a time
-        in one batched call (`ray.vectorize`: the procedure's `run_vectorized`) over tasks of one
-        model variant (a group may mix variants, InclusiveFL's depths)."""
-        if self.vectorize <= 1:
-            chunks = [[t] for t in tasks]
-        else:
+    def trained(self, tasks: Sequence[ClientTask]) -> Iterator[tuple[ClientTask, ClientResult | ClientFailure]]:
+        """The tasks of a call with their outcomes, in the order given: one after another, or
+        `vectorize` at a time in one batched call (the procedure's `run_vectorized`) over tasks of
+        one model variant (a call may mix variants, InclusiveFL's depths). A result's weights
+        may be its host's module's own tensors (`OnDevice`): valid until the next is asked for."""
+        self.context.begin_call()
+        chunk_of: dict[ClientId, list[ClientTask]] = {}
+        if self.vectorize > 1:
             variants: dict = {}
             for t in tasks:
                 variants.setdefault(t.model, []).append(t)
-            chunks = [
-                same[i : i + self.vectorize] for same in variants.values() for i in range(0, len(same), self.vectorize)
-            ]
-        out: dict[ClientId, ClientResult | ClientFailure] = {}
-        for chunk in chunks:
-            out.update((o.client_id, o) for o in self.outcomes(chunk))
-        return [out[t.client_id] for t in tasks]
+            for same in variants.values():
+                for i in range(0, len(same), self.vectorize):
+                    chunk_of.update((t.client_id, same[i : i + self.vectorize]) for t in same[i : i + self.vectorize])
+        done: dict[ClientId, ClientResult | ClientFailure] = {}
+        for task in tasks:
+            if task.client_id not in done:
+                done.update((o.client_id, o) for o in self.outcomes(chunk_of.get(task.client_id, [task])))
+            yield task, done.pop(task.client_id)
+
+    def run_all(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
+        """The outcomes of `tasks` in the order given, their weights on the host."""
+        return [on_host(out) for _, out in self.trained(tasks)]
 
     def outcomes(self, tasks: Sequence[ClientTask]) -> list[ClientResult | ClientFailure]:
         """The one client-outcome logic of every runner: a client with no samples is skipped; a
@@ -144,17 +188,27 @@ class ClientRunner:
             if self.vectorize > 1:
                 return skipped + self.procedure.run_vectorized(live, [datas[t.client_id] for t in live], self.context)
             (task,) = live
-            with rng.seeded_torch(self.seed, "client-train", task.round, task.client_id):
+            with rng.seeded_device(self.context.device, self.seed, "client-train", task.round, task.client_id):
                 return [self.procedure.run(task, datas[task.client_id], self.context)]
         except Exception as exc:  # a client's failure is data, never the run's end
-            reason = str(exc) if isinstance(exc, ClientDiverged) else f"{type(exc).__name__}: {exc}"
             spent = self.context.samples_drawn if self.vectorize <= 1 else 0  # a batched call's failure: none counted
-            return skipped + [ClientFailure.of(t, reason, num_samples=spent) for t in live]
+            return skipped + [ClientFailure.of(t, f"{type(exc).__name__}: {exc}", num_samples=spent) for t in live]
 
     def open_session(self, task: ClientTask) -> ClientSession:
         """The procedure's session for a server-in-the-loop round (each owns its modules, so one
         host may hold several clients' sessions at once)."""
         return self.procedure.open_session(task, self.data(task.client_id), self.context)
+
+    def sum(self) -> Sum:
+        """A call's sum, where `sum_device` says, with this host's scratch buffers."""
+        return Sum(self.sum_device, self.context.scratch)
+
+
+def on_host(out: ClientResult | ClientFailure) -> ClientResult | ClientFailure:
+    """An outcome whose weights are on the host (copied off the device when they are not)."""
+    if isinstance(out, ClientResult) and isinstance(out.weights, OnDevice):
+        return out.replace(weights=out.weights.host())
+    return out
 
 
 @dataclass(frozen=True)
@@ -197,24 +251,33 @@ def settle(account: ClientAccount, task: ClientTask, out: ClientResult | ClientF
 
 
 def settle_all(
-    account: ClientAccount, tasks: Sequence[ClientTask], outcomes: Sequence[ClientResult | ClientFailure], sums: bool
+    account: ClientAccount,
+    outcomes: Iterable[tuple[ClientTask, ClientResult | ClientFailure]],
+    total: Sum | None = None,
 ) -> GroupOutcome:
-    """Settle each task's outcome; with `sums` (the scheduler's say, for a policy that `Sums`), add
-    the accepted clients' summands in task order and drop their weights (no summand is held)."""
-    settled, total = [], {}
-    for task, out in zip(tasks, outcomes):
+    """Settle each (task, outcome) as it comes; with a `total` (the scheduler's say, for a policy
+    that `Sums`), add the accepted clients' summands into it in task order and drop their weights
+    (no summand is held). Other accepted results keep their weights, on the host; a rejected
+    result's are dropped (nothing reads them)."""
+    settled = []
+    for task, out in outcomes:
         record = settle(account, task, out)
-        if sums and record.status == "ok":
-            total = accumulate(total, account.summand(out))
-            record = Settled(out.replace(weights={}), record.status, record.reason, record.cost)
+        if isinstance(out, ClientResult):
+            if record.status == "ok" and total is not None:
+                total.add(account.summand(out))
+                out = out.replace(weights={})
+            else:
+                out = on_host(out) if record.status == "ok" else out.replace(weights={})
+            record = replace(record, outcome=out)
         settled.append(record)
-    return GroupOutcome(settled, total)
+    return GroupOutcome(settled, {} if total is None else total.arrays())
 
 
 def run_group(runner: ClientRunner, account: ClientAccount, tasks: Sequence[ClientTask], sums: bool) -> GroupOutcome:
-    """Run a group's tasks (one after another, or vectorized) and settle them, added up where they
-    ran when the scheduler says `sums`: what both executors call, in process and on each actor."""
-    return settle_all(account, tasks, runner.run_all(tasks), sums)
+    """Run a call's tasks (one after another, or vectorized) and settle each as it comes, added
+    up where they ran when the scheduler says `sums`: what both executors call, in process and
+    on each actor."""
+    return settle_all(account, runner.trained(tasks), runner.sum() if sums else None)
 
 
 def failed_all(tasks: Sequence[ClientTask], reason: str) -> list[ClientFailure]:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Collection, Protocol, Sequence
 
 import numpy as np
 
-from ..algorithms.aggregate import add_up
+from ..algorithms.aggregate import Sum, add_up
 from ..algorithms.base import fine_tuned_head
 from ..algorithms.capabilities import DrivesRounds, Personalizes, ReportsRounds
 from ..algorithms.exchange import RoundDriver
@@ -113,7 +113,7 @@ def dispatch(
 
         def gather() -> list[GroupOutcome]:
             results = sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id)
-            return [settle_all(fed.account, tasks, results, sums)]
+            return [settle_all(fed.account, zip(tasks, results), Sum() if sums else None)]
 
     else:
         pace = None

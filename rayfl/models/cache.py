@@ -1,8 +1,9 @@
-"""Built modules per model variant, reused across tasks; weights are loaded per use."""
+"""Built modules per model variant (and slot), reused across tasks; weights are copied in per use."""
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+import warnings
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -23,22 +24,58 @@ def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def on_device(weights: Mapping[str, Any], device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Name-keyed arrays (numpy, or tensors) as tensors on `device`: on the CPU numpy arrays are
+    wrapped without a copy (they are only read: the source of `copy_`), elsewhere one copy each."""
+    with warnings.catch_warnings():  # torch warns that read-only arrays (the object store's) stay read-only
+        warnings.simplefilter("ignore")
+        return {k: torch.as_tensor(v).to(device) for k, v in weights.items()}
+
+
 class ModelCache:
-    """One module per (variant, input shape, classes); weights are loaded per use."""
+    """One module per (variant, slot) on this cache's device, built once (outside any seeded
+    draw: building never consumes a client's random numbers); weights are copied in per use."""
 
     def __init__(self, input_shape: Sequence[int], num_classes: int, device: str = "cpu"):
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
         self.device = device
         self._models: dict[Hashable, nn.Module] = {}
+        self._tensors: dict[int, dict[str, torch.Tensor]] = {}
 
     def build(self, variant: ModelConfig) -> nn.Module:
         """A new module of the variant on this cache's device (not cached)."""
         return build_model(variant, self.input_shape, self.num_classes).to(self.device)
 
-    def load(self, variant: ModelConfig, weights: Weights, strict: bool = True) -> nn.Module:
-        if variant not in self._models:
-            self._models[variant] = self.build(variant)
-        model = self._models[variant]
-        model.load_state_dict(to_torch(weights), strict=strict)
+    def module(self, variant: ModelConfig, slot: str = "model") -> nn.Module:
+        """The cached module of (variant, slot), built on first use."""
+        key = (variant, slot)
+        if key not in self._models:
+            with torch.random.fork_rng(devices=[]):
+                self._models[key] = self.build(variant)
+        return self._models[key]
+
+    def tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """A module's state by name, its own parameters and buffers (detached views), found once."""
+        if id(model) not in self._tensors:
+            self._tensors[id(model)] = {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()}
+        return self._tensors[id(model)]
+
+    def load(
+        self, variant: ModelConfig, weights: Mapping[str, Any], strict: bool = True, slot: str = "model"
+    ) -> nn.Module:
+        """The cached module of (variant, slot) with `weights` copied into its tensors (`copy_`, no
+        `load_state_dict`); `strict`: every tensor of the module, and no other, must be given."""
+        model = self.module(variant, slot)
+        own = self.tensors(model)
+        if strict and own.keys() != weights.keys():
+            missing, extra = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+            raise KeyError(f"weights do not fit model {variant.name}: missing {missing[:3]}, unexpected {extra[:3]}")
+        names = [k for k in own if k in weights]
+        sources = on_device({k: weights[k] for k in names}, self.device)
+        for k in names:
+            if tuple(sources[k].shape) != tuple(own[k].shape):
+                raise ValueError(f"{k}: shape {tuple(sources[k].shape)} does not fit {tuple(own[k].shape)}")
+        with torch.no_grad():
+            torch._foreach_copy_([own[k] for k in names], [sources[k] for k in names])
         return model

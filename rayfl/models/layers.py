@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import ClassVar, Literal
+from typing import ClassVar, Iterator, Literal
 
 import torch
 from pydantic import Field
@@ -50,16 +52,71 @@ class Scaler(nn.Module):
         return f"rate={self.rate}"
 
 
+ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("rows", default=None)
+"""Inside vectorized training, which rows of a client's padded batch are its samples."""
+
+
+@contextlib.contextmanager
+def real_rows(rows: torch.Tensor) -> Iterator[None]:
+    """Batch norm in the block takes its statistics over the rows `rows` marks (> 0) only: what a
+    vectorized client's padded batch really holds (`rayfl.algorithms.vectorize`)."""
+    token = ROWS.set(rows)
+    try:
+        yield
+    finally:
+        ROWS.reset(token)
+
+
+class RowBatchNorm:
+    """Batch norm (a mixin before torch's class) whose training statistics, inside `real_rows`,
+    are those of the marked rows alone: per channel the mean and biased variance over the real
+    rows (and space) normalize every row, and the running statistics take the mean and the
+    unbiased variance, as `torch.nn.functional.batch_norm` does over a batch of those rows only.
+    Elsewhere it is torch's batch norm, with the same state."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = ROWS.get()
+        if rows is None or not self.training:
+            return super().forward(x)
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        m = (rows > 0).to(x.dtype).reshape(shape)
+        dims = [0, *range(2, x.dim())]
+        n = (m.sum() * (x[0, 0].numel())).clamp(min=1)
+        mean = (x * m).sum(dims) / n
+        centred = x - mean.reshape(1, -1, *(1,) * (x.dim() - 2))
+        var = (centred * centred * m).sum(dims) / n
+        if self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / self.num_batches_tracked if self.momentum is None else self.momentum
+            with torch.no_grad():
+                self.running_mean.copy_((1 - factor) * self.running_mean + factor * mean)
+                self.running_var.copy_((1 - factor) * self.running_var + factor * var * n / (n - 1).clamp(min=1))
+        channel = (1, -1, *(1,) * (x.dim() - 2))
+        out = centred / torch.sqrt(var.reshape(channel) + self.eps)
+        if self.affine:
+            out = out * self.weight.reshape(channel) + self.bias.reshape(channel)
+        return out
+
+
+class BatchNorm1d(RowBatchNorm, nn.BatchNorm1d):
+    pass
+
+
+class BatchNorm2d(RowBatchNorm, nn.BatchNorm2d):
+    pass
+
+
 def make_norm(kind: Norm, channels: int, dims: int) -> nn.Module:
     """A normalization layer over `channels` features of a `dims`-D (0, 1 or 2 spatial) signal.
 
     bn: batch norm with running statistics; sbn: HeteroFL's static BN (batch statistics only,
-    no running buffers, `track_running_stats=False`); gn: GroupNorm with 4 groups (HeteroFL's
-    choice, fewer when channels are not divisible); in: instance norm (one group per channel);
-    ln: layer norm over channels and space (GroupNorm with one group); none: identity.
+    no running buffers, `track_running_stats=False`), both `RowBatchNorm` (vectorizable); gn:
+    GroupNorm with 4 groups (HeteroFL's choice, fewer when channels are not divisible); in:
+    instance norm (one group per channel); ln: layer norm over channels and space (GroupNorm with
+    one group); none: identity.
     """
     if kind in ("bn", "sbn"):
-        cls = nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d
+        cls = BatchNorm2d if dims == 2 else BatchNorm1d
         if kind == "sbn":
             return cls(channels, momentum=None, track_running_stats=False)
         return cls(channels)

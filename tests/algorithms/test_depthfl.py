@@ -188,13 +188,13 @@ def test_feddyn_client_penalty_gradient_and_state_update():
     )  # -g + alpha (theta - glob)
     # grad_prev <- grad_prev - alpha (theta - theta_glob)
     out = dyn_state_update(
-        {"w": np.array([0.3, -0.1])},
-        {"w": np.array([1.0, -2.0]), "buf": np.array([9.0])},
-        {"w": np.array([0.5, 0.0])},
+        {"w": torch.tensor([0.3, -0.1])},
+        {"w": torch.tensor([1.0, -2.0]), "buf": torch.tensor([9.0])},
+        {"w": torch.tensor([0.5, 0.0])},
         alpha,
     )
-    assert list(out) == ["w"]
-    np.testing.assert_allclose(out["w"], [0.3 - 0.1 * 0.5, -0.1 - 0.1 * -2.0])
+    assert list(out) == ["w"] and out["w"].dtype == torch.float64
+    np.testing.assert_allclose(out["w"].numpy(), [0.3 - 0.1 * 0.5, -0.1 - 0.1 * -2.0], rtol=1e-6)
 
 
 def test_feddyn_server_step_on_hand_tensors():

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms import registry
+from rayfl.algorithms.local import ClientContext
 from rayfl.algorithms.messages import ClientResult, ClientTask, FederationContext
 from rayfl.config.load import parse_config
+from rayfl.models import ModelCache
 from rayfl.optim import OptimizerSpec
 from tests.algorithms.tiny import aggregated
 
@@ -87,22 +89,20 @@ def test_selection_is_a_pure_function_of_seed_and_round():
 def test_fedprox_loss_adds_the_proximal_term():
     cfg = parse_config({"algorithm": {"name": "fedprox", "mu": 0.5}, "model": {"name": "mlp", "hidden": []}})
     proc = registry.get("fedprox").procedure(cfg)
-    model = torch.nn.Linear(2, 2)
-    with torch.no_grad():
-        model.weight.zero_()
-        model.bias.zero_()
+    ctx = ClientContext(0, ModelCache((2,), 2))
     task = ClientTask(
         client_id=0,
         round=1,
-        weights={},
+        weights={"1.weight": np.zeros((2, 2), np.float32), "1.bias": np.zeros(2, np.float32)},
         model=cfg.model,
         local_epochs=1,
         batch_size=2,
         optimizer=OptimizerSpec("sgd", 0.1),
     )
-    state = proc.init(task, model)
+    state = proc.init(task, ctx)
+    model = state.model
     with torch.no_grad():
-        model.weight.fill_(1.0)  # ||w - w0||^2 = 4 (weight) + 0 (bias)
+        model[1].weight.fill_(1.0)  # ||w - w0||^2 = 4 (weight) + 0 (bias)
     x, y = torch.ones(1, 2), torch.tensor([1])
     logits = model(x)
     assert float(proc.loss(state, logits, y).detach()) == pytest.approx(

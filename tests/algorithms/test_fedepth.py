@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayfl.algorithms.fedepth import FeDepthTask, decompose, mkd_loss, train_stage
+from rayfl.algorithms.fedepth import FeDepthTask, Stage, decompose, mkd_loss
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
 from rayfl.config.load import load_config
@@ -133,6 +133,15 @@ def test_frozen_blocks_stay_bit_identical_through_later_stages():
     assert not np.array_equal(first.weights["layers.1.conv1.weight"], drift.weights["layers.1.conv1.weight"])
 
 
+def run_stage(model, task, j, block, data, ctx):
+    """Stage j's steps over its seeded batches; its summed loss (x batch size) and samples."""
+    stage, loss_sum, samples = Stage(model, task, j, block, data, ctx), 0.0, 0
+    for b in ctx.batches(task, data, purpose=f"stage-{j}"):
+        loss_sum += float(stage.step(b)) * b.size
+        samples += b.size
+    return loss_sum, samples
+
+
 def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
     # Problem (1), stage j = 1 of blocks {0, 1, 2} {3, 4, 5}: only layers 3-5 and the head move
     # (the stem trains with the first block only, later layers wait for their stage); the stage
@@ -146,7 +155,7 @@ def test_a_stage_trains_its_block_and_head_on_the_frozen_prefix():
     model = runner.context.load(task.model, task.weights)
     before = to_numpy(model)
     with torch_threads():
-        loss_sum, samples = train_stage(model, task, 1, (3, 4, 5), data, runner.context)
+        loss_sum, samples = run_stage(model, task, 1, (3, 4, 5), data, runner.context)
     after = to_numpy(model)
     moved = {
         k.split(".")[0] + ("." + k.split(".")[1] if k.startswith("layers.") else "")
@@ -172,7 +181,7 @@ def test_an_m_fedepth_stage_trains_its_block_and_the_auxiliary_classifier_it_end
         model = runner.context.load(task.model, task.weights)
         before = to_numpy(model)
         with torch_threads():
-            train_stage(model, task, j, blocks[j], data, runner.context)
+            run_stage(model, task, j, blocks[j], data, runner.context)
         after = to_numpy(model)
         assert {
             ".".join(k.split(".")[:2]) if k.startswith(("layers.", "aux.")) else k.split(".")[0]

@@ -254,22 +254,23 @@ def test_the_client_trains_on_the_masked_cross_entropy():
     # Sec. 3.2: a client holding classes {0, 2} trains on logits whose absent classes are filled
     # (with 0, as the public code); its loss differs from the plain cross-entropy.
     from rayfl.algorithms.heterofl import HeteroFLClient, HeteroFLTask
+    from rayfl.algorithms.local import ClientContext
+    from rayfl.models import ModelCache
     from rayfl.optim import OptimizerSpec
 
     cfg = parse_config({"algorithm": {"name": "heterofl", "levels": "a1"}, "model": {"name": "mlp", "hidden": []}})
     proc = HeteroFLClient(cfg)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 3))
     task = HeteroFLTask(
         client_id=0,
         round=1,
-        weights={},
+        weights={"1.weight": np.zeros((3, 2), np.float32), "1.bias": np.zeros(3, np.float32)},
         model=cfg.model,
         local_epochs=1,
         batch_size=2,
         optimizer=OptimizerSpec("sgd", 0.1),
         label_split=(0, 2),
     )
-    state = proc.init(task, model)
+    state = proc.init(task, ClientContext(0, ModelCache((2,), 3)))
     logits, y = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([0])
     by_hand = -1 + math.log(math.exp(1) + math.exp(0) + math.exp(3))
     assert float(proc.loss(state, logits, y)) == pytest.approx(by_hand)

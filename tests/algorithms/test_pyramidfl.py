@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 import torch
 
-from rayfl.algorithms.local import LocalState
+from rayfl.algorithms.local import LocalState, finish
 from rayfl.config.load import load_config
-from rayfl.engine import build_federation
+from rayfl.engine import ClientRunner, build_federation
+from rayfl.engine.host import on_host
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
@@ -53,12 +54,13 @@ def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
     assert len(first) == 3  # nobody has a reward yet: candidates are drawn uniformly
     # The client reports ||x_k - x_t|| over its parameters: +1 everywhere gives sqrt(#parameters).
     task = policy.configure(state, 1, [first[0]])[0]
-    model = fed.models.build(task.model)
-    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in task.weights.items()})
+    runner = ClientRunner.of(fed)
+    model = runner.context.load(task.model, task.weights)
     with torch.no_grad():
         for p in model.parameters():
             p += 1.0
-    result = fed.procedure.final(task, LocalState(model, None), 10, 10, 0.0)
+    trained = fed.procedure.final(task, LocalState(model, None), runner.context)
+    result = on_host(finish(task, runner.data(task.client_id), trained, [], 10))
     size = sum(np.asarray(task.weights[k]).size for k in policy.context.param_names)
     assert result.metrics["update_norm"] == pytest.approx(np.sqrt(size))
     new = aggregated(policy, state, 1, [result])

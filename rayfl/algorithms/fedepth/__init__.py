@@ -35,7 +35,7 @@ Every client trains the full-size model, block by block within its memory budget
 """
 
 from ..registry import Algorithm, register
-from .client import FeDepthClient, mkd_loss, train_stage
+from .client import FeDepthClient, Stage, mkd_loss
 from .memory import decompose, measure_layers, plan
 from .policy import FEDEPTH_MODELS, FeDepthConfig, FeDepthPolicy, FeDepthTask, MFeDepthConfig, MFeDepthPolicy
 
@@ -80,5 +80,5 @@ __all__ = [
     "measure_layers",
     "mkd_loss",
     "plan",
-    "train_stage",
+    "Stage",
 ]

@@ -1,19 +1,17 @@
-"""FeDepth's client: depth-wise sequential learning (the paper's problem (1), one stage per
-block: `train_stage`), or mutual knowledge distillation for surplus memory (`train_mutual`)."""
+"""FeDepth's client: depth-wise sequential learning (the paper's problem (1), one `Stage` per
+block), or mutual knowledge distillation for surplus memory (`mutual_step`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...models import to_numpy
 from ..base import ClientProcedure
-from ..local import ClientContext, ClientData
-from ..messages import ClientResult
+from ..local import Batch, ClientContext, ClientData, LocalState, Trained
 from .memory import STEM_EXCLUDES
 from .policy import FeDepthTask
 
@@ -26,86 +24,78 @@ def mkd_loss(logits: torch.Tensor, peers: Sequence[torch.Tensor], y: torch.Tenso
     return F.cross_entropy(logits, y) + lam / len(peers) * kl
 
 
-class FeDepthClient(ClientProcedure):
-    """Depth-wise sequential training (problem (1) per block), or MKD for surplus memory."""
-
-    def run(self, task: FeDepthTask, data: ClientData, ctx: ClientContext) -> ClientResult:
-        """Problem (1) block by block (`train_stage`), or MKD when the task carries peers."""
-        if task.peers:
-            return train_mutual(task, data, ctx)
-        model = ctx.load(task.model, task.weights)
-        shared = task.optimizer.build(model.parameters()) if task.drift else None
-        total, samples = 0.0, 0
-        for j, block in enumerate(task.blocks):
-            total, n = train_stage(model, task, j, block, data, ctx, shared)  # the code reports the last stage's loss
-            samples += n
-        model.requires_grad_(True)
-        per_stage = samples // len(task.blocks)
-        metrics = {"stages": float(len(task.blocks))}
-        return ClientResult.of(
-            task,
-            weights=to_numpy(model),
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / max(per_stage, 1),
-            metrics=metrics,
-        )
-
-
-def train_stage(
-    model: nn.Module,
-    task: FeDepthTask,
-    j: int,
-    block: Sequence[int],
-    data: ClientData,
-    ctx: ClientContext,
-    shared: torch.optim.Optimizer | None = None,
-) -> tuple[float, int]:
+class Stage:
     """Stage j of depth-wise sequential learning (problem (1)): block j and its head (the skip
     link's, or m-FeDepth's auxiliary classifier after the block) trained for the task's epochs on
     the output of the frozen layers before it, the stem trained with the first block only; a
-    fresh optimizer over the stage's trainable parameters unless `shared` (`frozen_drift`).
-    Returns the stage's summed loss (x batch size) and samples."""
-    stem = [m for name, m in model.named_children() if f"{name}." not in STEM_EXCLUDES]
-    stem_params = [
-        p for name, p in model.named_parameters() if not name.startswith(STEM_EXCLUDES)
-    ]  # a transformer's position embedding has no module
-    head = model.aux[str(block[-1])] if task.aux and block[-1] < len(model.layers) - 1 else model.head
-    trainable = [model.layers[i] for i in block] + [head] + (stem if j == 0 else [])
-    model.requires_grad_(False)
-    for m in trainable:
-        m.train()
-    params = list(
-        {id(p): p for p in [*(p for m in trainable for p in m.parameters()), *(stem_params if j == 0 else [])]}.values()
-    )
-    for p in params:
-        p.requires_grad_(True)
-    optimizer = shared or task.optimizer.build(params)
-    frozen = [model.layers[i] for i in range(task.skip, block[0])]
-    for m in frozen + (stem if j else []):
-        m.eval()  # frozen: batch-statistics norms (the default) as in training, running ones fixed
-    cache = prefix(model, task, frozen, data) if task.cache and j else None
-    loss_sum, samples = 0.0, 0
-    for b in ctx.batches(task, len(data), purpose=f"stage-{j}"):
-        x, y = data.batch(b)
-        if cache is not None:
-            z = cache[b]
-        elif j == 0:
+    fresh optimizer over the stage's trainable parameters (cleared per client) unless `shared`
+    (`frozen_drift`). Set up on construction (the model's trainable set and modes)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: FeDepthTask,
+        j: int,
+        block: Sequence[int],
+        data: ClientData,
+        ctx: ClientContext,
+        shared: torch.optim.Optimizer | None = None,
+    ):
+        stem = [m for name, m in model.named_children() if f"{name}." not in STEM_EXCLUDES]
+        stem_params = [
+            p for name, p in model.named_parameters() if not name.startswith(STEM_EXCLUDES)
+        ]  # a transformer's position embedding has no module
+        head = model.aux[str(block[-1])] if task.aux and block[-1] < len(model.layers) - 1 else model.head
+        trainable = [model.layers[i] for i in block] + [head] + (stem if j == 0 else [])
+        model.requires_grad_(False)
+        for m in trainable:
+            m.train()
+        params = list(
+            {
+                id(p): p for p in [*(p for m in trainable for p in m.parameters()), *(stem_params if j == 0 else [])]
+            }.values()
+        )
+        for p in params:
+            p.requires_grad_(True)
+        self.model, self.task, self.j, self.block = model, task, j, block
+        self.optimizer = shared or ctx.optimizer(task.optimizer, params, slot=f"stage-{j}")
+        self.frozen = [model.layers[i] for i in range(task.skip, block[0])]
+        for m in self.frozen + (stem if j else []):
+            m.eval()  # frozen: batch-statistics norms (the default) as in training, running ones fixed
+        self.cache = prefix(model, task, self.frozen, data) if task.cache and j else None
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One step of the stage on one batch; returns its loss."""
+        model, task = self.model, self.task
+        x, y = batch
+        if self.cache is not None:
+            z = self.cache.index_select(0, batch.index)
+        elif self.j == 0:
             z = model.enter(x, task.skip)
         else:
             with torch.no_grad():
                 z = model.enter(x, task.skip)
-                for m in frozen:
+                for m in self.frozen:
                     z = m(z)
-        for i in block:
+        for i in self.block:
             z = model.layers[i](z)
-        loss = F.cross_entropy(model.exit(z, block[-1], task.aux), y)
-        optimizer.zero_grad(set_to_none=not task.drift)
+        loss = F.cross_entropy(model.exit(z, self.block[-1], task.aux), y)
+        self.optimizer.zero_grad(set_to_none=not task.drift)
         loss.backward()
-        optimizer.step()
-        loss_sum += ctx.finite(float(loss.detach())) * len(b)
-        samples += len(b)
-    return loss_sum, samples
+        self.optimizer.step()
+        return loss.detach()
+
+
+@dataclass(frozen=True)
+class StageBatch:
+    """A batch of a stage."""
+
+    stage: Stage
+    batch: Batch
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
 
 
 def prefix(model: nn.Module, task: FeDepthTask, frozen: Sequence[nn.Module], data: ClientData) -> torch.Tensor:
@@ -120,33 +110,63 @@ def prefix(model: nn.Module, task: FeDepthTask, frozen: Sequence[nn.Module], dat
     return torch.cat(out)
 
 
-def train_mutual(task: FeDepthTask, data: ClientData, ctx: ClientContext) -> ClientResult:
-    """The global model and its peers trained jointly on each batch; only the global one is uploaded."""
-    models = [ctx.load(task.model, task.weights)] + [ctx.build(task.model) for _ in task.peers]
-    for m, w in zip(models[1:], task.peers):
-        m.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in w.items()})
-    for m in models:
-        m.train()
-    optimizers = [task.optimizer.build(m.parameters()) for m in models]
-    total, samples = 0.0, 0
-    for b in ctx.batches(task, len(data)):
-        x, y = data.batch(b)
-        logits = [m(x) for m in models]
-        for k, (m, opt) in enumerate(zip(models, optimizers)):
-            loss = mkd_loss(logits[k], logits[:k] + logits[k + 1 :], y, task.mkd_lambda)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if k == 0:
-                total += ctx.finite(float(loss.detach())) * len(b)
-        samples += len(b)
-    keep = {"peers": [to_numpy(m) for m in models[1:]]}
-    return ClientResult.of(
-        task,
-        weights=to_numpy(models[0]),
-        num_examples=len(data),
-        num_samples=samples,
-        train_loss=total / max(samples, 1),
-        metrics={"stages": 1.0},
-        keep=keep,
-    )
+class FeDepthClient(ClientProcedure):
+    """Depth-wise sequential training (problem (1) per block, `Stage`), or mutual knowledge
+    distillation (MKD) for surplus memory when the task carries peers: the global model and its
+    peers trained jointly on each batch, only the global one uploaded."""
+
+    def init(self, task: FeDepthTask, ctx: ClientContext) -> LocalState:
+        model = ctx.load(task.model, task.weights)
+        if task.peers:
+            models = [model.train()] + [
+                ctx.load(task.model, w, slot=f"peer-{i}").train() for i, w in enumerate(task.peers)
+            ]
+            optimizers = [ctx.optimizer(task.optimizer, m.parameters(), slot=f"mkd-{i}") for i, m in enumerate(models)]
+            return LocalState(model, optimizers[0], extras=(models, optimizers, task.mkd_lambda))
+        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()) if task.drift else None)
+
+    def schedule(self, task: FeDepthTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Any]:
+        if task.peers:
+            yield from ctx.batches(task, data)
+            return
+        for j, block in enumerate(task.blocks):
+            stage = Stage(state.model, task, j, block, data, ctx, state.optimizer)
+            for b in ctx.batches(task, data, purpose=f"stage-{j}"):
+                yield StageBatch(stage, b)
+
+    def step(self, state: LocalState, item: Any) -> dict[str, torch.Tensor]:
+        if isinstance(item, StageBatch):
+            return {f"stage-{item.stage.j}": item.stage.step(item.batch)}
+        models, optimizers, lam = state.extras
+        return {"loss": mutual_step(models, optimizers, item, lam)}
+
+    def final(self, task: FeDepthTask, state: LocalState, ctx: ClientContext) -> Trained:
+        """The global model's tensors; depth-wise, the last stage's mean loss (as the code reports
+        it); MKD, the peers kept for the client's next round."""
+        weights = ctx.tensors(state.model)
+        if task.peers:
+            models = state.extras[0]
+            return Trained(weights, metrics={"stages": 1.0}, keep={"peers": [ctx.tensors(m) for m in models[1:]]})
+        state.model.requires_grad_(True)
+        last = f"stage-{len(task.blocks) - 1}"
+        return Trained(
+            weights, metrics={"stages": float(len(task.blocks))}, train_loss=lambda losses: losses.mean(last)
+        )
+
+
+def mutual_step(
+    models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer], batch: Batch, lam: float
+) -> torch.Tensor:
+    """One MKD step: every model's `mkd_loss` against the others' logits, each stepped in turn;
+    returns the global model's (the first's) loss."""
+    x, y = batch
+    logits = [m(x) for m in models]
+    first = None
+    for k, (m, opt) in enumerate(zip(models, optimizers)):
+        loss = mkd_loss(logits[k], logits[:k] + logits[k + 1 :], y, lam)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if k == 0:
+            first = loss.detach()
+    return first

@@ -4,16 +4,17 @@ distilled in place from the largest's soft predictions (Eq. 6-7), gradients accu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
 from ... import rng
-from ...models import to_numpy
 from ...models.supernet import Subnet, SupernetConfig, largest, random_subnet, smallest
 from ...types import ClientId, Round
 from ..base import ClientProcedure
-from ..messages import ClientResult, ClientTask
+from ..local import Batch, ClientContext, ClientData, LocalState, Trained
+from ..messages import ClientTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,50 +57,54 @@ def distill_loss(
     )  # no label loss to build at lambda = 1
 
 
+@dataclass(frozen=True)
+class Numbered:
+    """A batch and its local iteration's number (the sub-nets' draws are keyed by it)."""
+
+    step: int
+    batch: Batch
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+
 class FedSupClient(ClientProcedure):
     """Per batch, the M sub-nets of `step_subnets`: the first on the labels, the others on its
     soft predictions (in-place distillation) or the labels; gradients accumulated, one step; the
     supernet left at its first sub-net."""
 
-    def run(self, task: FedSupTask, data, ctx) -> ClientResult:
-        model = ctx.load(task.model, task.weights)
-        model.train()
-        optimizer = task.optimizer.build(model.parameters())
-        total, samples = 0.0, 0
-        for step, b in enumerate(ctx.batches(task, len(data))):
-            x, y = data.batch(b)
-            subnets = step_subnets(
-                task.model,
-                ctx.seed,
-                task.round,
-                task.client_id,
-                step,
-                task.subnets,
-                task.sandwich,
-                task.inplace_distill,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            model.set_active(subnets[0])
-            teacher = model(x)
-            loss = F.cross_entropy(teacher, y)
-            loss.backward()
-            for s in subnets[1:]:
-                model.set_active(s)
-                z = model(x)
-                (
-                    distill_loss(z, teacher, y, task.temperature, task.distill_weight)
-                    if task.inplace_distill
-                    else F.cross_entropy(z, y)
-                ).backward()
-            model.set_active(subnets[0])
-            optimizer.step()
-            total += ctx.finite(float(loss.detach())) * len(b)
-            samples += len(b)
-        model.set_active(largest(task.model))
-        return ClientResult.of(
-            task,
-            weights=to_numpy(model),
-            num_examples=len(data),
-            num_samples=samples,
-            train_loss=total / max(samples, 1),
+    def init(self, task: FedSupTask, ctx: ClientContext) -> LocalState:
+        model = ctx.load(task.model, task.weights).train()
+        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), extras=(task, ctx.seed))
+
+    def schedule(self, task: FedSupTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Numbered]:
+        return (Numbered(step, b) for step, b in enumerate(ctx.batches(task, data)))
+
+    def step(self, state: LocalState, item: Numbered) -> torch.Tensor:
+        """Alg. 1 l. 7-11 on one batch; returns the first sub-net's loss."""
+        (task, seed), model = state.extras, state.model
+        x, y = item.batch
+        subnets = step_subnets(
+            task.model, seed, task.round, task.client_id, item.step, task.subnets, task.sandwich, task.inplace_distill
         )
+        state.optimizer.zero_grad(set_to_none=True)
+        model.set_active(subnets[0])
+        teacher = model(x)
+        loss = F.cross_entropy(teacher, y)
+        loss.backward()
+        for s in subnets[1:]:
+            model.set_active(s)
+            z = model(x)
+            (
+                distill_loss(z, teacher, y, task.temperature, task.distill_weight)
+                if task.inplace_distill
+                else F.cross_entropy(z, y)
+            ).backward()
+        model.set_active(subnets[0])
+        state.optimizer.step()
+        return loss.detach()
+
+    def final(self, task: FedSupTask, state: LocalState, ctx: ClientContext) -> Trained:
+        state.model.set_active(largest(task.model))
+        return Trained(ctx.tensors(state.model))

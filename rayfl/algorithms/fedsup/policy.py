@@ -128,7 +128,7 @@ class FedSupPolicy(ServerPolicy):
         shapes = {k: self.shapes[k] for k in result.weights}
         return {
             **aggregate.count_sum(shapes, result.weights, None, n, where=crop),
-            aggregate.WEIGHT: np.array(float(n)),
+            aggregate.WEIGHT: float(n),
         }
 
     def aggregate(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -14,11 +15,11 @@ from .policy import HeteroFLTask, masked_logits
 class HeteroFLClient(FedAvgClient):
     """Local SGD on the sub-model with the masked cross-entropy of Sec. 3.2."""
 
-    def loss_inputs(self, task: HeteroFLTask, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The client's label split as a class mask, on the model's device."""
-        mask = torch.zeros(model_classes(model), dtype=torch.bool)
+    def loss_inputs(self, task: HeteroFLTask, model: nn.Module) -> dict[str, np.ndarray]:
+        """The client's label split as a class mask."""
+        mask = np.zeros(model_classes(model), dtype=bool)
         mask[list(task.label_split)] = True
-        return {"mask": mask.to(next(model.parameters()).device)}
+        return {"mask": mask}
 
     def data_loss(
         self, logits: torch.Tensor, y: torch.Tensor, inputs: Mapping[str, torch.Tensor], reduction: str = "mean"

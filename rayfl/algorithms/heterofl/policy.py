@@ -101,10 +101,12 @@ class HeteroFLPolicy(ServerPolicy):
         return None if self.fixed is None else self.fixed >= 0
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:
-        tasks = []
+        tasks, submodels = [], {}
         for c in clients:
             k = self.level_of(round, c)
-            weights = aggregate.extract(state.weights, self.shapes[k])
+            if k not in submodels:  # one dict per level: it crosses to a client's device once a call
+                submodels[k] = aggregate.extract(state.weights, self.shapes[k])
+            weights = submodels[k]
             tasks.append(
                 self.task(
                     c, round, weights, kind=HeteroFLTask, model=self.variants[k], label_split=self.label_splits[c]
