@@ -33,37 +33,37 @@ import torch
 from images import image_folder
 from plain_loops import plain_throughput
 
-# name: (sets, clients in the cohort, samples a client, quick sets)
+# name: (sets, clients in the cohort, samples a client, quick: (sets, clients, samples) scaled down for a CPU)
 ROWS = {
     "HeteroFL PreResNet-18 (sBN), batch 10": (
         ["algorithm.name=heterofl", "algorithm.levels=a1", "model.name=preresnet18", "federation.batch_size=10"],
         10,
         50,
-        ["model.rate=0.25"],
+        (["model.rate=0.125"], 4, 20),
     ),
     "FeDepth PreResNet-20, batch 128": (
         ["algorithm.name=fedepth", "model.name=preresnet20", "federation.batch_size=128"],
         10,
         256,
-        ["federation.batch_size=32"],
+        (["federation.batch_size=32"], 8, 32),
     ),
     "DepthFL PreResNet-20, batch 50": (
         ["algorithm.name=depthfl", "model.name=preresnet20", "federation.batch_size=50"],
         10,
         100,
-        [],
+        ([], 8, 32),
     ),
     "FedSup MobileNetV1 supernet, batch 32": (
         ["algorithm.name=fedsup", "model.name=supernet", "federation.batch_size=32"],
         10,
         64,
-        ["model.name=supernet_small"],
+        (["model.name=supernet_small"], 8, 32),
     ),
     "E-FedSup MobileNetV1 supernet, batch 32": (
         ["algorithm.name=efedsup", "model.name=supernet", "federation.batch_size=32"],
         10,
         64,
-        ["model.name=supernet_small"],
+        (["model.name=supernet_small"], 8, 32),
     ),
     "InclusiveFL 12-layer transformer (768), batch 64": (
         [
@@ -74,26 +74,27 @@ ROWS = {
             "model.ffn=3072",
             "model.depth=12",
             "algorithm.depths=4-8-12",
-            "devices.mix=0:0:1",
+            "devices.profile=mobile",
             "federation.batch_size=64",
             "federation.optimizer=adam",
+            "federation.momentum=0",
             "federation.lr=0.0001",
         ],
         10,
         64,
-        ["model.width=64", "model.heads=4", "model.ffn=128", "model.depth=3", "algorithm.depths=1-2-3"],
+        (["model.width=64", "model.heads=4", "model.ffn=128", "model.depth=3", "algorithm.depths=1-2-3"], 8, 32),
     ),
     "MergeSFL VGG-16 (whole), batch 64": (
         ["algorithm.name=fedavg", "model.name=vgg16", "federation.batch_size=64"],
         10,
         64,
-        ["model.rate=0.125"],
+        (["federation.batch_size=16"], 2, 16),
     ),
     "pfl-research CIFAR-10 CNN, 1000 users, cohort 50, batch 10": (
         ["algorithm.name=fedavg", "model.name=cnn_pfl", "data.num_clients=1000", "federation.batch_size=10"],
         50,
         50,
-        [],
+        ([], 8, 32),
     ),
 }
 COMMON = ["federation.local_epochs=1", "metrics.tensorboard=false", "federation.momentum=0.9"]
@@ -164,7 +165,7 @@ def main() -> int:
             if args.rows and not any(w.lower() in name.lower() for w in args.rows):
                 continue
             if args.quick:
-                sets, clients, samples = [*sets, *quick], min(clients, 8), min(samples, 32)
+                sets, clients, samples = [*sets, *quick[0]], quick[1], quick[2]
             size = 128 if "transformer" in " ".join(sets) else 32
             folder = image_folder(Path(tmp) / f"images{size}", size=size)
             fed, tasks = build(sets, clients, samples, folder, 1)

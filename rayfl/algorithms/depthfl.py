@@ -358,7 +358,7 @@ class DepthFLClient(ClientProcedure):
             {k: p.detach().clone() for k, p in params.items()},
             {k: previous[k].to(p.dtype) if previous else torch.zeros_like(p) for k, p in params.items()},
         )
-        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), dyn)
+        return LocalState(model, ctx.optimizer(task.optimizer, model), dyn)
 
     def step(self, state: LocalState, batch: Batch) -> dict[str, torch.Tensor]:
         """The objective (checked) and the self-distillation loss (reported)."""

@@ -124,7 +124,7 @@ class DittoClient(FedAvgClient):
         state = super().init(task, ctx)
         personal = ctx.load(task.model, task.personal, slot="personal").train()
         reference = {n: p.detach().clone() for n, p in state.model.named_parameters()}  # w^t
-        v = LocalState(personal, ctx.optimizer(task.optimizer, personal.parameters(), slot="personal"), reference)
+        v = LocalState(personal, ctx.optimizer(task.optimizer, personal, slot="personal"), reference)
         return DittoState(state.model, state.optimizer, state.extras, v)
 
     def step(self, state: DittoState, batch: Batch) -> dict[str, torch.Tensor]:

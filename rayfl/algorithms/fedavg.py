@@ -76,6 +76,8 @@ class Objective:
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy over any leading dimensions of `logits` (..., C) and `y` (...): one batch's
     mean, or (`none`) a loss per sample in `y`'s shape (K clients' padded batches at once)."""
+    if y.dim() == 1:  # one batch
+        return F.cross_entropy(logits, y, reduction=reduction)
     out = F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
     return out if reduction == "mean" else out.view(y.shape)
 
@@ -116,12 +118,14 @@ class FedAvgClient(ClientProcedure):
         return ctx.load(task.model, task.weights)
 
     def init(self, task: ClientTask, ctx: ClientContext) -> LocalState:
-        model = self.load(task, ctx).train()
+        model = self.load(task, ctx)
+        if not model.training:  # the cached module stays in training mode between clients
+            model.train()
         anchor = (
             {n: p.detach().clone() for n, p in model.named_parameters()} if self.penalty is not None else None
         )  # w^t
         inputs = {k: torch.from_numpy(v).to(ctx.device) for k, v in self.loss_inputs(task, model).items()}
-        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), Objective(inputs, anchor))
+        return LocalState(model, ctx.optimizer(task.optimizer, model), Objective(inputs, anchor))
 
     def loss(self, state: LocalState, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The objective on one batch: the data term, plus the penalty when there is one."""

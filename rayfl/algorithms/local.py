@@ -174,6 +174,7 @@ class ClientContext:
         self.scratch: dict = {}
         """Float64 buffers by shape for the sums of this host's calls (`aggregate.Sum`)."""
         self._call: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
+        self._checked: set[tuple] = set()
         self._optimizers: dict[tuple, torch.optim.Optimizer] = {}
 
     @property
@@ -183,38 +184,41 @@ class ClientContext:
     def begin_call(self) -> None:
         """A new call: the weights of the last one are forgotten."""
         self._call.clear()
+        self._checked.clear()
 
-    def on_device(self, weights: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        """`weights` as tensors on the device, crossed once a call per weights dict (the round's
-        global weights are one dict shared by its tasks)."""
-        key = id(weights)
+    def on_device(self, *weights: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """`weights` (several dicts: their union) as tensors on the device, crossed once a call per
+        weights dict (the round's global weights are one dict shared by its tasks)."""
+        key = tuple(id(w) for w in weights)
         if key not in self._call:
-            self._call[key] = (weights, on_device(weights, self.device))
+            merged: dict[str, torch.Tensor] = {}
+            for part in weights:
+                merged.update(self.on_device(part) if len(weights) > 1 else on_device(part, self.device))
+            self._call[key] = (weights, merged)  # the dicts held: their ids stay theirs for the call
         return self._call[key][1]
 
     def load(self, variant: ModelConfig, *weights: Mapping[str, Any], slot: str = "model") -> nn.Module:
         """The variant's cached module of `slot` (a procedure holding several models names each),
         its state copied from `weights` (several dicts: their union), crossed once a call."""
-        sources: dict[str, torch.Tensor] = {}
-        for part in weights:
-            sources.update(self.on_device(part))
-        return self.models.load(variant, sources, slot=slot)
+        return self.models.load(variant, self.on_device(*weights), slot=slot, checked=self._checked)
 
     def tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """A cached module's state by name: its own tensors (what `Trained.weights` hands on)."""
         return self.models.tensors(model)
 
     def optimizer(
-        self, spec: OptimizerSpec, params: Sequence[nn.Parameter], slot: str = "model"
+        self, spec: OptimizerSpec, params: nn.Module | Sequence[nn.Parameter], slot: str = "model"
     ) -> torch.optim.Optimizer:
-        """The task's optimizer over `params`, reused across clients: built once per (slot, these
-        parameters, the spec's kind and settings), its state cleared and its rate set per client
-        (a fresh torch optimizer with the same settings takes the same steps)."""
-        params = list(params)
-        key = (slot, tuple(id(p) for p in params), spec.with_lr(0.0))
+        """The task's optimizer over `params` (a module's parameters, or a list), reused across
+        clients: built once per (slot, these parameters, the spec's kind and settings), its state
+        cleared and its rate set per client (a fresh torch optimizer with the same settings takes
+        the same steps)."""
+        whole = isinstance(params, nn.Module)
+        which = id(params) if whole else tuple(id(p) for p in params)
+        key = (slot, which, spec.kind, spec.momentum, spec.weight_decay, spec.grad_clip)
         opt = self._optimizers.get(key)
         if opt is None:
-            opt = self._optimizers[key] = spec.build(params)
+            opt = self._optimizers[key] = spec.build(params.parameters() if whole else params)
         opt.state.clear()
         for group in opt.param_groups:
             group["lr"] = spec.lr
@@ -264,7 +268,10 @@ def finish(
     scalars = [m for m in trained.metrics.values() if isinstance(m, torch.Tensor)]
     read = [v for values, _, _ in steps for v in values.values()]
     read += torch._foreach_norm([trained.weights[k] for k in floating], math.inf) if floating else []
-    values = torch.stack([v.detach().to(torch.float64) for v in read + scalars]).tolist() if read or scalars else []
+    values = read + scalars
+    if values:  # one copy to the host; float32 values come back exact as Python floats
+        same = all(v.dtype == values[0].dtype for v in values)
+        values = torch.stack(values if same else [v.to(torch.float64) for v in values]).tolist()
     at = 0
     record = []
     for named, size, drawn_then in steps:

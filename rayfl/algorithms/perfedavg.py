@@ -131,7 +131,7 @@ class PerFedAvgClient(ClientProcedure):
 
     def init(self, task: ClientTask, ctx: ClientContext) -> LocalState:
         model = ctx.load(task.model, task.weights).train()
-        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), extras=[0])
+        return LocalState(model, ctx.optimizer(task.optimizer, model), extras=[0])
 
     def schedule(self, task: ClientTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Streams]:
         hf = self.config.algorithm.variant == "hf"

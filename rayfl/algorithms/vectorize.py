@@ -50,7 +50,7 @@ def check_vectorizable(model: nn.Module, what: str) -> None:
                 f"ray.vectorize: {what} has a batch norm that would take statistics over padded per-client batches; "
                 "use norm bn, sbn, gn, ln or none of rayfl's model families, or ray.vectorize: 1"
             )
-        if isinstance(m, nn.modules.dropout._DropoutNd):
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             raise ConfigError(
                 f"ray.vectorize: {what} has dropout (random draws cannot be kept per client); use ray.vectorize: 1"
             )

@@ -62,20 +62,33 @@ class ModelCache:
         return self._tensors[id(model)]
 
     def load(
-        self, variant: ModelConfig, weights: Mapping[str, Any], strict: bool = True, slot: str = "model"
+        self,
+        variant: ModelConfig,
+        weights: Mapping[str, Any],
+        strict: bool = True,
+        slot: str = "model",
+        checked: set | None = None,
     ) -> nn.Module:
         """The cached module of (variant, slot) with `weights` copied into its tensors (`copy_`, no
-        `load_state_dict`); `strict`: every tensor of the module, and no other, must be given."""
+        `load_state_dict`); `strict`: every tensor of the module, and no other, must be given.
+        `checked`: the (module, weights) pairs whose names and shapes were checked already (a
+        call's tensors on the device, loaded into the same module for client after client)."""
         model = self.module(variant, slot)
         own = self.tensors(model)
-        if strict and own.keys() != weights.keys():
-            missing, extra = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
-            raise KeyError(f"weights do not fit model {variant.name}: missing {missing[:3]}, unexpected {extra[:3]}")
         names = [k for k in own if k in weights]
-        sources = on_device({k: weights[k] for k in names}, self.device)
-        for k in names:
-            if tuple(sources[k].shape) != tuple(own[k].shape):
-                raise ValueError(f"{k}: shape {tuple(sources[k].shape)} does not fit {tuple(own[k].shape)}")
+        key = (id(model), id(weights))
+        if checked is None or key not in checked:
+            if strict and own.keys() != weights.keys():
+                missing, extra = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+                raise KeyError(
+                    f"weights do not fit model {variant.name}: missing {missing[:3]}, unexpected {extra[:3]}"
+                )
+            weights = on_device({k: weights[k] for k in names}, self.device)
+            for k in names:
+                if tuple(weights[k].shape) != tuple(own[k].shape):
+                    raise ValueError(f"{k}: shape {tuple(weights[k].shape)} does not fit {tuple(own[k].shape)}")
+            if checked is not None:
+                checked.add(key)
         with torch.no_grad():
-            torch._foreach_copy_([own[k] for k in names], [sources[k] for k in names])
+            torch._foreach_copy_([own[k] for k in names], [weights[k] for k in names])
         return model

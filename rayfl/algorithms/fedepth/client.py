@@ -121,9 +121,9 @@ class FeDepthClient(ClientProcedure):
             models = [model.train()] + [
                 ctx.load(task.model, w, slot=f"peer-{i}").train() for i, w in enumerate(task.peers)
             ]
-            optimizers = [ctx.optimizer(task.optimizer, m.parameters(), slot=f"mkd-{i}") for i, m in enumerate(models)]
+            optimizers = [ctx.optimizer(task.optimizer, m, slot=f"mkd-{i}") for i, m in enumerate(models)]
             return LocalState(model, optimizers[0], extras=(models, optimizers, task.mkd_lambda))
-        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()) if task.drift else None)
+        return LocalState(model, ctx.optimizer(task.optimizer, model) if task.drift else None)
 
     def schedule(self, task: FeDepthTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Any]:
         if task.peers:

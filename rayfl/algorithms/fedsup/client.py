@@ -76,7 +76,7 @@ class FedSupClient(ClientProcedure):
 
     def init(self, task: FedSupTask, ctx: ClientContext) -> LocalState:
         model = ctx.load(task.model, task.weights).train()
-        return LocalState(model, ctx.optimizer(task.optimizer, model.parameters()), extras=(task, ctx.seed))
+        return LocalState(model, ctx.optimizer(task.optimizer, model), extras=(task, ctx.seed))
 
     def schedule(self, task: FedSupTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Numbered]:
         return (Numbered(step, b) for step, b in enumerate(ctx.batches(task, data)))
