@@ -69,6 +69,7 @@ def test_numbers_that_are_not_finite_or_would_exhaust_memory(tmp_path, monkeypat
                 "model.name=mlp",
                 "model.hidden=[8192, 8192]",
                 "data.num_clients=1000",
+                "data.partition={kind: sampled, size: 10}",
                 "federation.clients_per_round=1000",
                 "ray.clients_per_call=1000",
                 "ray.vectorize=1000",

@@ -89,6 +89,18 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Tagged:
+    """A batch with what its step needs beside it (FeDepth's stage, FedSup's iteration number)."""
+
+    tag: Any
+    batch: Batch
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+
+@dataclass(frozen=True)
 class ClientData:
     """One client's training samples, on the device the task runs on."""
 
@@ -214,6 +226,7 @@ class ClientContext:
         cleared and its rate set per client (a fresh torch optimizer with the same settings takes
         the same steps)."""
         whole = isinstance(params, nn.Module)
+        params = params if whole else list(params)
         which = id(params) if whole else tuple(id(p) for p in params)
         key = (slot, which, spec.kind, spec.momentum, spec.weight_decay, spec.grad_clip)
         opt = self._optimizers.get(key)

@@ -89,7 +89,7 @@ def vectorize_width(fed: Federation, device: str, memory_share: float | None) ->
     return max(1, min(fed.config.call_size, int(VECTORIZE_HEADROOM * memory_share // each)))
 
 
-DATA_CACHE_BYTES = 1 << 30
+DATA_CACHE_BYTES = 256 << 20
 """The most bytes of clients' samples a runner keeps on its device (the least recently trained
 client's leave first), so a host keeps what it trains without its memory growing with the population."""
 

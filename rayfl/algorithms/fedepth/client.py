@@ -3,7 +3,6 @@ block), or mutual knowledge distillation for surplus memory (`mutual_step`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import ClientProcedure
-from ..local import Batch, ClientContext, ClientData, LocalState, Trained
+from ..local import Batch, ClientContext, ClientData, LocalState, Tagged, Trained
 from .memory import STEM_EXCLUDES
 from .policy import FeDepthTask
 
@@ -86,18 +85,6 @@ class Stage:
         return loss.detach()
 
 
-@dataclass(frozen=True)
-class StageBatch:
-    """A batch of a stage."""
-
-    stage: Stage
-    batch: Batch
-
-    @property
-    def size(self) -> int:
-        return self.batch.size
-
-
 def prefix(model: nn.Module, task: FeDepthTask, frozen: Sequence[nn.Module], data: ClientData) -> torch.Tensor:
     """The frozen prefix's outputs for every sample, in batches of the task's size."""
     out = []
@@ -126,17 +113,18 @@ class FeDepthClient(ClientProcedure):
         return LocalState(model, ctx.optimizer(task.optimizer, model) if task.drift else None)
 
     def schedule(self, task: FeDepthTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Any]:
+        """MKD: the task's batches; depth-wise: each stage's own pass, its batches tagged with it."""
         if task.peers:
             yield from ctx.batches(task, data)
             return
         for j, block in enumerate(task.blocks):
             stage = Stage(state.model, task, j, block, data, ctx, state.optimizer)
             for b in ctx.batches(task, data, purpose=f"stage-{j}"):
-                yield StageBatch(stage, b)
+                yield Tagged(stage, b)
 
     def step(self, state: LocalState, item: Any) -> dict[str, torch.Tensor]:
-        if isinstance(item, StageBatch):
-            return {f"stage-{item.stage.j}": item.stage.step(item.batch)}
+        if isinstance(item, Tagged):
+            return {f"stage-{item.tag.j}": item.tag.step(item.batch)}
         models, optimizers, lam = state.extras
         return {"loss": mutual_step(models, optimizers, item, lam)}
 

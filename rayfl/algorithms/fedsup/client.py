@@ -13,7 +13,7 @@ from ... import rng
 from ...models.supernet import Subnet, SupernetConfig, largest, random_subnet, smallest
 from ...types import ClientId, Round
 from ..base import ClientProcedure
-from ..local import Batch, ClientContext, ClientData, LocalState, Trained
+from ..local import ClientContext, ClientData, LocalState, Tagged, Trained
 from ..messages import ClientTask
 
 
@@ -57,18 +57,6 @@ def distill_loss(
     )  # no label loss to build at lambda = 1
 
 
-@dataclass(frozen=True)
-class Numbered:
-    """A batch and its local iteration's number (the sub-nets' draws are keyed by it)."""
-
-    step: int
-    batch: Batch
-
-    @property
-    def size(self) -> int:
-        return self.batch.size
-
-
 class FedSupClient(ClientProcedure):
     """Per batch, the M sub-nets of `step_subnets`: the first on the labels, the others on its
     soft predictions (in-place distillation) or the labels; gradients accumulated, one step; the
@@ -78,15 +66,16 @@ class FedSupClient(ClientProcedure):
         model = ctx.load(task.model, task.weights).train()
         return LocalState(model, ctx.optimizer(task.optimizer, model), extras=(task, ctx.seed))
 
-    def schedule(self, task: FedSupTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Numbered]:
-        return (Numbered(step, b) for step, b in enumerate(ctx.batches(task, data)))
+    def schedule(self, task: FedSupTask, state: LocalState, data: ClientData, ctx: ClientContext) -> Iterator[Tagged]:
+        """The task's batches, each tagged with its iteration's number."""
+        return (Tagged(step, b) for step, b in enumerate(ctx.batches(task, data)))
 
-    def step(self, state: LocalState, item: Numbered) -> torch.Tensor:
+    def step(self, state: LocalState, item: Tagged) -> torch.Tensor:
         """Alg. 1 l. 7-11 on one batch; returns the first sub-net's loss."""
         (task, seed), model = state.extras, state.model
         x, y = item.batch
         subnets = step_subnets(
-            task.model, seed, task.round, task.client_id, item.step, task.subnets, task.sandwich, task.inplace_distill
+            task.model, seed, task.round, task.client_id, item.tag, task.subnets, task.sandwich, task.inplace_distill
         )
         state.optimizer.zero_grad(set_to_none=True)
         model.set_active(subnets[0])
