@@ -67,10 +67,10 @@ def test_a_device_whose_interval_ends_mid_task_drops_then_with_what_it_spent(tmp
     assert np.isnan(m.train_loss)  # a round with no update is still a round
 
 
-def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path):
-    # Client a's device has a battery of 1.5 tasks; client b's has none and, 10x slower, sets each
-    # round's length D. Round 1 at 0: a trains (0.5 task left). Round 2 at D: a declines.
-    # a goes offline at 1.5 D and back at 1.8 D: round 3 at 2 D finds it recharged, and it trains.
+def battery_trace(tmp_path):
+    """Client a's device has a battery of 1.5 tasks; client b's has none and, 10x slower, sets each
+    round's length D. a goes offline at 1.5 D and back at 1.8 D. The trace, the settings (both
+    clients every round, 3 rounds), a's energy a task and D."""
     seed = next(s for s in range(50) if rng.generator(s, "trace-device").integers(2, size=2).tolist() == [0, 1])
     sets = [f"seed={seed}", "data.num_clients=2", "federation.clients_per_round=2", "federation.rounds=3"]
     _, probe = run(
@@ -83,6 +83,13 @@ def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path)
     one_device_trace(trace, [(0, 0.0, 1.5 * length), (0, 1.8 * length, 1e8), (1, 0.0, 1e8)], flops=(1e6, 1e5))
     frame = pd.read_parquet(trace / "devices.parquet").assign(battery_j=[1.5 * energy, np.nan])
     frame.to_parquet(trace / "devices.parquet", index=False)
+    return trace, sets, energy, length
+
+
+def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path):
+    # Round 1 at 0: a trains (0.5 task left). Round 2 at D: a declines. Round 3 at 2 D finds it
+    # recharged (offline from 1.5 D to 1.8 D), and it trains.
+    trace, sets, energy, length = battery_trace(tmp_path)
     metrics, clients = run(tmp_path, "run", trace, *sets)
     a = clients[clients["client_id"] == 0].set_index("round")
     assert a["status"].tolist() == ["ok", "skipped", "ok"]
@@ -90,6 +97,31 @@ def test_a_low_battery_declines_and_a_charge_while_offline_restores_it(tmp_path)
     assert np.isnan(a.loc[2, "energy_j"]) and a.loc[3, "energy_j"] == pytest.approx(energy)
     assert metrics["virtual_time_s"].tolist() == pytest.approx([length, 2 * length, 3 * length])
     assert metrics["energy_j"].sum() == pytest.approx(clients["energy_j"].sum())
+
+
+def test_a_run_handed_over_at_a_round_boundary_keeps_every_batterys_charge(tmp_path):
+    # The hand-over of a run begun in the driver (`ray.start_in_process`): paused after round 1, it
+    # continues from what a checkpoint of that round holds. a's charge (half a task) must travel
+    # with it, so a still declines in round 2, as in the run that never paused.
+    from rayfl.engine import Paused, prepare, run_federation, torch_threads
+    from rayfl.runner import InProcessExecutor
+
+    trace, sets, _, _ = battery_trace(tmp_path)
+    cfg = load_config(None, [*BASE, f"devices.trace={trace}", "devices.availability.kind=trace", *sets])
+    run_local(cfg, tmp_path / "whole")
+    fed, start = prepare(cfg, tmp_path / "moved")
+    with torch_threads():
+        with pytest.raises(Paused) as paused:
+            run_federation(fed, InProcessExecutor(fed), tmp_path / "moved", start, pause=lambda r: r == 1)
+        run_federation(fed, InProcessExecutor(fed), tmp_path / "moved", paused.value.start)
+    for name in ("metrics.parquet", "clients.parquet"):
+        whole, moved = (
+            pd.read_parquet(tmp_path / d / name).drop(columns="wall_time_s", errors="ignore")
+            for d in ("whole", "moved")
+        )
+        pd.testing.assert_frame_equal(moved, whole)
+    clients = pd.read_parquet(tmp_path / "moved" / "clients.parquet")
+    assert clients[clients["client_id"] == 0]["status"].tolist() == ["ok", "skipped", "ok"]
 
 
 DEVICES = [

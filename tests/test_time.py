@@ -118,18 +118,25 @@ def test_a_failed_client_does_not_count_towards_the_k_updates_that_close_a_round
     np.testing.assert_allclose(out.state.weights[w], w0[w] + 1.5, atol=1e-5)  # the mean of clients 0 and 3
 
 
+@pytest.mark.parametrize("min_reports", [0, 2])
 @pytest.mark.parametrize("rule, moved", [("drop", 0.0), ("carry", 4 / 2**0.5)])
-def test_a_late_update_reaches_a_later_round_under_carry_only(rule, moved):
+def test_a_late_update_reaches_a_later_round_under_carry_only(rule, moved, min_reports):
     # K = 2: clients 1 and 3 close round 1 at 2 s; 4 (5 s) and 2 (9 s) are late. Round 2 selects
     # nobody (the hand dispatch of none) and lasts until client 4 arrives, at 5 s: under carry its
-    # update, 1 version stale, joins as x1 + s(1) (x0 + 4 - x0), s(1) = (1 + 1)^-0.5; under drop the model stays
-    fed, state = hand_federation("federation.deadline.target_clients=2", f"federation.deadline.late={rule}")
+    # update, 1 version stale, joins as x1 + s(1) (x0 + 4 - x0), s(1) = (1 + 1)^-0.5; under drop the model stays.
+    # A round that selected nobody is never abandoned, whatever min_reports asks of the rounds that did.
+    fed, state = hand_federation(
+        "federation.deadline.target_clients=2",
+        f"federation.deadline.late={rule}",
+        f"federation.deadline.min_reports={min_reports}",
+    )
     late = Late(fed, None, None)
     first = close(fed, hand_dispatch(fed, state, {1: 2.0, 2: 9.0, 3: 2.0, 4: 5.0}), state, 0.0, late)
     second = close(fed, Dispatched(2, [], [], None, lambda: [], []), first.state, 2.0, late)
     w = first_weight(state.weights)
     np.testing.assert_allclose(first.state.weights[w], state.weights[w] + 2.0, atol=1e-5)
     assert second.row["virtual_time_s"] == 5.0 and second.row["num_carried"] == (rule == "carry")
+    assert not first.row["abandoned"] and not second.row["abandoned"]
     np.testing.assert_allclose(second.state.weights[w], state.weights[w] + 2.0 + moved, atol=1e-5)
     assert [f.client_id for f in late.flights] == [2]
 
