@@ -58,6 +58,7 @@ def rayfl(env, *args, cwd):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_an_algorithm_from_another_package_is_listed_and_runs_on_ray_and_tune_by_name(plugin_path, tmp_path):
     # a kept head of this test's own (its HOME), whose workers have the plugin on their path as
     # an installed package would be: the run and the Tune sweep both join it

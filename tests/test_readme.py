@@ -2,8 +2,8 @@
 included, run as written, in order, in a fresh copy of the repository, with a home of its own (its
 own token and kept head, started by the README's own `cluster/start-local-head.sh` and `rayfl up`).
 
-Marked `readme` and left out of the README's test command (it takes minutes: every run of the tour
-on a cluster of its own); `.ci/run` runs it after the suite: `python -m pytest -m readme`.
+Marked `slow` and left out of the README's test command (it takes minutes: every run of the tour
+on a cluster of its own); `.ci/run` runs it with the other long drills: `python -m pytest -m slow`.
 """
 
 import os
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.readme
+pytestmark = pytest.mark.slow
 
 
 def tour_blocks(text: str) -> list[str]:

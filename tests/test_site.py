@@ -34,7 +34,7 @@ FLAGS = [
     "--virtual-time-budget=60000",
 ]
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")]
 
 CHECK = """
 function check(doc) {  // after the page's load event: its images are in

@@ -158,6 +158,8 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", "") or ""
+        if problem == "exceeded maximum nesting depth":  # libyaml's own limit (PyYAML >= 6.0.4), met before our scan's
+            problem = f"nested more than {MAX_DEPTH} levels deep"
         ours = ("duplicate key", "a key must", "an alias", "more than", "nested more than")
         said = problem if problem.startswith(ours) else "invalid YAML"
         raise ConfigError(f"{where}:{line} {said}") from None

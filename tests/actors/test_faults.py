@@ -16,7 +16,7 @@ from rayfl.engine.round import groups_of
 from rayfl.runner import run_local
 from tests.actors.drills import AHEAD, actors_of, answering, at_round
 
-pytestmark = [pytest.mark.ray, pytest.mark.faults]
+pytestmark = [pytest.mark.ray, pytest.mark.faults, pytest.mark.slow]
 
 SLOW = [
     "model.name=mlp",
@@ -236,7 +236,7 @@ def test_two_live_runs_whose_run_dirs_share_a_name_share_a_cluster(ray_cluster, 
     summaries = {}
     started = threading.Thread(target=lambda: summaries.update(a=api.run(cfg, first)))
     started.start()
-    deadline = time.time() + 60
+    deadline = time.time() + 300
     while not actors_of("run", "client") and time.time() < deadline:
         time.sleep(0.05)
     assert actors_of("run", "client")  # a's actors are live under the name `run`

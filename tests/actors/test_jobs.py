@@ -23,7 +23,7 @@ import pytest
 
 from actors.driver.head import SYSTEM_CONFIG
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def free_port() -> int:
@@ -87,7 +87,7 @@ def head_node():  # one head for the module's jobs (each job has its own id and 
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{dash}"
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 300
         while True:
             try:
                 urllib.request.urlopen(f"{url}/api/gcs_healthz", timeout=2)

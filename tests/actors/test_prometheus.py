@@ -68,6 +68,7 @@ class Prometheus:
 
 @pytest.mark.ray
 @pytest.mark.prometheus
+@pytest.mark.slow
 @pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: apt install prometheus (.ci/run does)")
 def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))  # short: Ray's socket paths live under it

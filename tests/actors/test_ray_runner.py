@@ -66,6 +66,8 @@ def test_the_coordinator_keeps_a_row_until_the_driver_says_it_passed_it_on():
     assert [r["round"] for r in host.progress(1)[0]] == [2] and host.progress(2)[0] == []
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
     # clock: emulate makes every task last about 0.3-1 s of wall time, so the kill lands mid-round.
     cfg = load_config(
@@ -106,69 +108,81 @@ def test_a_killed_client_actor_does_not_fail_the_run(ray_cluster, tmp_path):
 FEW = ["data.num_clients=8", "federation.clients_per_round=4"]
 
 
-@pytest.mark.parametrize(
-    "overrides",
+def slow_but(cases, ids, fast):
+    """Parameters of `cases`, named by `ids`: the executor paths in `fast` run in the default suite,
+    the others under the `slow` marker (the long suite CI runs too)."""
+    values = [c if isinstance(c, tuple) else (c,) for c in cases]  # a tuple: the values of several names
+    return [pytest.param(*v, id=i, marks=() if i in fast else pytest.mark.slow) for v, i in zip(values, ids)]
+
+
+ALGORITHM_CASES = [
+    # 10^9 logical clients: device classes and data sizes drawn per client when asked (rayfl/rng.py).
+    ["data.name=synthetic", "model.name=mlp", "data.num_clients=1000000000", "federation.rounds=2"],
+    # HeteroFL: sliced sub-models, static BN, per-level metrics.
+    ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2"],
+    # Vectorized: each call's clients trained in one batched computation (torch.func.vmap).
+    ["model.name=mlp", "ray.vectorize=4", "federation.rounds=2", "data.num_clients=20"],
+    # Split learning: 3 workers pinned to 2 actors (one actor holds two bottom models at once).
+    ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3"],
+    # MergeSFL: GA-selected workers with regulated batch sizes and merged features.
+    ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=2", "algorithm.ga_generations=20"],
+    # InclusiveFL: depth groups with their own heads, per-group FedAdam and momenta.
+    ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
+    # m-FeDepth: depth-wise stages with auxiliary heads, cached prefixes, MKD peers kept per client.
     [
-        # 10^9 logical clients: device classes and data sizes drawn per client when asked (rayfl/rng.py).
-        ["data.name=synthetic", "model.name=mlp", "data.num_clients=1000000000", "federation.rounds=2"],
-        # HeteroFL: sliced sub-models, static BN, per-level metrics.
-        ["algorithm.name=heterofl", "algorithm.levels=a1-c1-e1", "model.norm=sbn", "federation.rounds=2"],
-        # Split learning: 3 workers pinned to 2 actors (one actor holds two bottom models at once).
-        ["algorithm.name=sfl", "model.name=cnn2", "federation.rounds=2", "federation.clients_per_round=3"],
-        # MergeSFL: GA-selected workers with regulated batch sizes and merged features.
-        ["algorithm.name=mergesfl", "model.name=cnn2", "federation.rounds=2", "algorithm.ga_generations=20"],
-        # InclusiveFL: depth groups with their own heads, per-group FedAdam and momenta.
-        ["algorithm.name=inclusivefl", "devices.profile=mobile", "federation.rounds=2"],
-        # m-FeDepth: depth-wise stages with auxiliary heads, cached prefixes, MKD peers kept per client.
-        [
-            "algorithm.name=mfedepth",
-            "devices.profile=fedepth_surplus",
-            "federation.batch_size=128",
-            "federation.rounds=2",
-        ],
-        # SplitMix: each client's share of the base networks; DepthFL: prefixes with FedDyn state per client.
-        ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2"],
-        [
-            "algorithm.name=depthfl",
-            "devices.profile=fedepth_fair",
-            "federation.batch_size=128",
-            "federation.rounds=2",
-            "model.aux_heads=1-2-3-4-6",
-        ],
-        # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants
-        # mixed on an actor).
-        ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
-        ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
-        # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's
-        # models); Per-FedAvg's meta-steps; the personalization metrics (Ditto's) from both runners alike.
-        *(
-            [
-                f"algorithm.name={a}",
-                "federation.rounds=2",
-                "data.partition.kind=shards",
-                f"federation.personalize_epochs={int(a == 'ditto')}",
-                "data.num_clients=10",
-                "federation.clients_per_round=4",
-            ]
-            for a in ("ditto", "lgfedavg", "localonly", "perfedavg")
-        ),
+        "algorithm.name=mfedepth",
+        "devices.profile=fedepth_surplus",
+        "federation.batch_size=128",
+        "federation.rounds=2",
     ],
-    ids=[
-        "1e9-clients",
-        "heterofl",
-        "sfl",
-        "mergesfl",
-        "inclusivefl",
-        "mfedepth",
-        "splitmix",
-        "depthfl",
-        "fedsup",
-        "efedsup",
-        "ditto",
-        "lgfedavg",
-        "localonly",
-        "perfedavg",
+    # SplitMix: each client's share of the base networks; DepthFL: prefixes with FedDyn state per client.
+    ["algorithm.name=splitmix", "devices.profile=fedepth_fair", "federation.batch_size=128", "federation.rounds=2"],
+    [
+        "algorithm.name=depthfl",
+        "devices.profile=fedepth_fair",
+        "federation.batch_size=128",
+        "federation.rounds=2",
+        "model.aux_heads=1-2-3-4-6",
     ],
+    # FedSup: M sandwich-sampled sub-nets per step; E-FedSup: a tier sub-net per client (variants
+    # mixed on an actor).
+    ["algorithm.name=fedsup", "federation.rounds=1", *FEW],
+    ["algorithm.name=efedsup", "devices.profile=mobile", "federation.rounds=2", *FEW],
+    # Personalized baselines keep per-client models (Ditto's v_k, LG-FedAvg's bodies, Local-only's
+    # models); Per-FedAvg's meta-steps; the personalization metrics (Ditto's) from both runners alike.
+    *(
+        [
+            f"algorithm.name={a}",
+            "federation.rounds=2",
+            "data.partition.kind=shards",
+            f"federation.personalize_epochs={int(a == 'ditto')}",
+            "data.num_clients=10",
+            "federation.clients_per_round=4",
+        ]
+        for a in ("ditto", "lgfedavg", "localonly", "perfedavg")
+    ),
+]
+ALGORITHM_IDS = [
+    "1e9-clients",
+    "heterofl",
+    "vectorized",
+    "sfl",
+    "mergesfl",
+    "inclusivefl",
+    "mfedepth",
+    "splitmix",
+    "depthfl",
+    "fedsup",
+    "efedsup",
+    "ditto",
+    "lgfedavg",
+    "localonly",
+    "perfedavg",
+]
+
+
+@pytest.mark.parametrize(
+    "overrides", slow_but(ALGORITHM_CASES, ALGORITHM_IDS, {"1e9-clients", "heterofl", "vectorized", "mergesfl"})
 )
 def test_algorithms_on_ray_equal_in_process(ray_cluster, tmp_path, overrides):
     assert_ray_equals_local(overrides, tmp_path)
@@ -299,6 +313,8 @@ def test_actors_that_are_placed_but_still_starting_are_not_reported(idle_cluster
     assert notes == []
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_a_dead_coordinator_ends_the_run_with_one_line_saying_how_to_resume(ray_cluster, tmp_path):
     cfg = load_config(
         None,
@@ -373,15 +389,19 @@ def timed_reference(tmp_path_factory):
 
 # FedAvg's deadline rounds and FedBuff on 1, 2 and 3 actors; FedAsync, HeteroFL and devices that come and go on 2. The
 # actors take 2 clients a call (in process 5): outside sync rounds updates come back whole.
+TIMED_ON_ACTORS = [
+    *((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))),
+    *((n, 2, 1.0) for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices", "deadline-abandons")),
+]
+
+
 @pytest.mark.parametrize(
     "name, actors, cpus",
-    [
-        *((n, a, c) for n in ("deadline", "fedbuff") for a, c in ((1, 1.0), (2, 1.0), (3, 0.5))),
-        *(
-            (n, 2, 1.0)
-            for n in ("fedasync", "heterofl-fedbuff", "sync-devices", "fedbuff-devices", "deadline-abandons")
-        ),
-    ],
+    slow_but(
+        TIMED_ON_ACTORS,
+        [f"{n}-{a}-{c}" for n, a, c in TIMED_ON_ACTORS],
+        {"deadline-3-0.5", "fedbuff-3-0.5", "deadline-abandons-2-1.0"},
+    ),
 )
 def test_deadline_and_async_runs_on_ray_equal_in_process(ray_cluster, timed_reference, tmp_path, name, actors, cpus):
     cfg, (metrics, clients) = timed_reference(name)

@@ -221,6 +221,7 @@ def test_under_auto_only_a_run_that_starts_its_own_cluster_with_cpu_actors_begin
     assert launch.starts_in_process(cfg("ray.start_in_process=true"), running=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["starting", "moving", "moved"])
 def test_a_ctrl_c_in_each_phase_leaves_no_ray_process_and_a_run_dir_that_resumes_to_the_same_tables(tmp_path, phase):
     """`rayfl run` with a local cluster of its own (`tests/actors/interrupt_drill.py`): a Ctrl-C
@@ -244,7 +245,7 @@ def test_a_ctrl_c_in_each_phase_leaves_no_ray_process_and_a_run_dir_that_resumes
     )
     assert list(Path(ray_tmp, "ray").glob("session_2*"))  # Ray had started
     left = lambda: [p.pid for p in psutil.process_iter(["cmdline"]) if ray_tmp in " ".join(p.info["cmdline"] or [])]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300
     while left() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left() == []

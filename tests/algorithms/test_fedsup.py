@@ -3,6 +3,7 @@ accumulation over the M sub-nets of a step, FLOPs-aware tiers, sub-net bytes and
 aggregation rules, on hand numbers."""
 
 import copy
+import functools
 
 import numpy as np
 import pandas as pd
@@ -116,7 +117,7 @@ def test_tiers_draw_subnets_that_fit_their_budget(budget):
     drawn sub-net fits its tier by the static model's own count, and the draws bind (some fall
     back to the smallest, some are larger)."""
     fed, _ = efedsup("data.num_clients=60", f"algorithm.budget={budget}")
-    size = (
+    size = functools.cache(  # each sub-net built and measured once
         (lambda s: static_cost(s, fed).forward_flops)
         if budget == "flops"
         else (lambda s: static_cost(s, fed).num_params)

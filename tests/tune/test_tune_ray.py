@@ -12,7 +12,7 @@ from rayfl.config import ConfigError
 from tune.run import run_experiment
 from tune.spec import load_experiment
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 BASE = {
     "data": {"name": "digits", "num_clients": 10, "partition": {"kind": "iid"}},
