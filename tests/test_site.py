@@ -34,7 +34,11 @@ FLAGS = [
     "--virtual-time-budget=60000",
 ]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("site"),  # one worker builds and serves the site once
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium"),
+]
 
 CHECK = """
 function check(doc) {  // after the page's load event: its images are in

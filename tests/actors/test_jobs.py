@@ -23,7 +23,7 @@ import pytest
 
 from actors.driver.head import SYSTEM_CONFIG
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("jobs")]  # one head started once
 
 
 def free_port() -> int:
