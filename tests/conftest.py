@@ -22,6 +22,9 @@ def pytest_collection_modifyitems(config, items):
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             drills = item.get_closest_marker("faults") or "tune" in item.path.parts
             item.add_marker(pytest.mark.xdist_group("ray-drills-and-tune" if drills else "ray"))
+    # The README tour (minutes, the longest test of the slow suite) is handed out first, so the
+    # other worker's tests run beside it rather than after it.
+    items.sort(key=lambda item: item.path.name != "test_readme.py")
 
 
 @pytest.fixture
