@@ -6,14 +6,29 @@ of its own where it needs one. The tests on a session cluster run in two groups,
 worker: the fault drills and Tune's trials, and the others (so a cluster starts at most once per
 worker); a test that starts a cluster of its own (a head in a subprocess, a multi-node drill) runs on
 either, beside them.
+
+Each worker computes on one thread (`OMP_NUM_THREADS=1` and the like, inherited by the runs, heads
+and jobs the tests start as processes; `torch.set_num_threads(1)` for torch, whatever imported it
+first). Two workers on two cores then never oversubscribe them: with both cores kept busy by other
+work, torch's OpenMP threads spin waiting on each other and a test that builds models outside a
+run's one-thread block took 5 to 8 times longer (the FedSup tier test: 96 s, 18 s on one thread).
+Training and evaluation run on one thread anyway (rayfl/engine/host.py): no result changes.
 """
 
-import logging
+import os
 
-import pytest
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
 
-from rayfl.config.load import parse_config
-from rayfl.data import load_dataset
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from rayfl.config.load import parse_config  # noqa: E402
+from rayfl.data import load_dataset  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

@@ -61,34 +61,34 @@ def experiment(tmp_path, name, search, **extra):
 
 
 def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster, tmp_path, capsys, monkeypatch):
-    # Two learning rates that learn and two that cannot move off chance (10 classes: ~0.1) in 2
-    # rounds. ASHA has one rung (grace 2 x factor 2 < max_t 4: round 2) and stops a trial whose
-    # round-2 accuracy is below the median of those recorded there before it. The good trials
+    # Two learning rates that learn and two that cannot move off chance (10 classes: ~0.1) in one
+    # round. Trials of 2 rounds: ASHA has one rung (grace 1 x factor 2 = max_t 2: round 1) and stops
+    # a trial whose round-1 accuracy is below the median of those recorded there before it. The good trials
     # start first (grid order, 2 at a time) and one of them may stop the other; a poor trial starts
     # only after a good one has left, so both good values are recorded and it is stopped.
     path = experiment(
         tmp_path,
         "asha",
         {"federation.lr": {"grid": [0.1, 0.08, 1e-5, 2e-5]}},
-        scheduler={"name": "asha", "grace_period": 2, "reduction_factor": 2},
+        scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2},
         callbacks={"mlflow": {"tracking_uri": f"file://{tmp_path}/mlruns"}},  # Tune's MLflow logger beside its own
     )
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for a database unless told a folder is fine
-    exp = load_experiment(path)
+    exp = load_experiment(path, ["federation.rounds=2"])
     out = run_experiment(exp, verbose=0)
     table = out["table"]
     assert len(table) == 4 and (table["error"] == "").all()
     by_lr = table.set_index("federation.lr")
-    assert by_lr.loc[[1e-5, 2e-5], "stopped_early"].all() and (by_lr.loc[[1e-5, 2e-5], "rounds"] == 2).all()
+    assert by_lr.loc[[1e-5, 2e-5], "stopped_early"].all() and (by_lr.loc[[1e-5, 2e-5], "rounds"] == 1).all()
     good = by_lr.loc[[0.1, 0.08]]
-    assert (~good["stopped_early"]).sum() >= 1 and set(good["rounds"]) <= {2, 4}
+    assert (~good["stopped_early"]).sum() >= 1 and set(good["rounds"]) <= {1, 2}
     at_rung = {
-        lr: pd.read_parquet(f"{d}/metrics.parquet").set_index("round").loc[2, "test_accuracy"]
+        lr: pd.read_parquet(f"{d}/metrics.parquet").set_index("round").loc[1, "test_accuracy"]
         for lr, d in by_lr["run_dir"].items()
     }
     leader = max(at_rung, key=at_rung.get)
     assert (
-        not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 4
+        not by_lr.loc[leader, "stopped_early"] and by_lr.loc[leader, "rounds"] == 2
     )  # ASHA never stops the rung leader
     assert pd.read_parquet(exp.dir / "results.parquet").equals(
         pd.read_csv(exp.dir / "results.csv", keep_default_na=False)
@@ -116,7 +116,7 @@ def test_asha_grid_stops_poor_trials_and_the_best_config_reproduces(ray_cluster,
     assert set(table["status"]) <= {"finished", "stopped early"}
     assert best["final_test_accuracy"] == finished["final_test_accuracy"].max() and best["federation.lr"] in (0.1, 0.08)
     run_metrics = pd.read_parquet(f"{best['run_dir']}/metrics.parquet")  # the trial's own RUN_DIR, under the experiment
-    assert run_metrics["test_accuracy"].iloc[-1] == best["final_test_accuracy"] and len(run_metrics) == 4
+    assert run_metrics["test_accuracy"].iloc[-1] == best["final_test_accuracy"] and len(run_metrics) == 2
 
     # `rayfl run best.yaml` (on Ray, as a user would) gives the trial's final metric exactly.
     assert main(["run", str(exp.dir / "best.yaml"), "--out", str(tmp_path / "rerun")]) == 0
