@@ -19,12 +19,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"rayfl: error: {message}\n")
 
 
+DASHBOARD_HELP = (
+    "the cluster's dashboard, http://HOST:8265; default: $RAY_API_SERVER_ADDRESS (as Ray's job CLI reads it), else "
+    "the head rayfl up keeps"
+)
+
+
 def add_jobs(sub: argparse._SubParsersAction) -> None:
     """`rayfl submit` and `rayfl fetch` (rayfl/api.py)."""
     submit = sub.add_parser("submit", help="submit a run to a Ray cluster as a job")
     submit.add_argument("config", nargs="?", help="config YAML")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    submit.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    submit.add_argument("--address", help=DASHBOARD_HELP)
     submit.add_argument(
         "--out", help="RUN_DIR: a folder on the head or a URI (s3://, gs://; default ~/rayfl/runs/<job id> on the head)"
     )
@@ -39,7 +45,7 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
 
     fetch = sub.add_parser("fetch", help="copy a submitted run's RUN_DIR to this machine")
     fetch.add_argument("job", metavar="JOB_ID")
-    fetch.add_argument("--address", required=True, help="the cluster's dashboard, http://HOST:8265")
+    fetch.add_argument("--address", help=DASHBOARD_HELP)
     fetch.add_argument("--to", metavar="DIR", help="where to (default ./runs/<RUN_DIR name>)")
     fetch.add_argument(
         "--client-port",
@@ -60,6 +66,12 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="PORT",
         help="with the dashboard on 127.0.0.1:PORT (another free one if it is taken)",
+    )
+    up.add_argument(
+        "--env",
+        action="store_true",
+        help='with the dashboard; print only the line that points Ray\'s job CLI at it (eval "$(rayfl up --env)"): '
+        "RAY_AUTH_MODE=token and RAY_API_SERVER_ADDRESS",
     )
     sub.add_parser("down", help="stop the local head rayfl up started")
     pool = sub.add_parser("pool", help="the cluster's warm actors: status, or drain the idle ones")

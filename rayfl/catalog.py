@@ -90,3 +90,21 @@ def closest(name: str, known: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the known name closest to a misspelt one, else ``."""
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+KNOWN_SHOWN = 160
+"""The most characters of known names an error lists; past it, the count left and `rayfl list`."""
+
+
+def unknown(kind: str, name: str, known: Iterable[str]) -> str:
+    """`unknown KIND 'name' (did you mean 'x'?) (known: a, b, ...)`: whole names only, in order,
+    as many as fit in `KNOWN_SHOWN` characters, then how many more `rayfl list` shows (a line
+    that a printer cuts at its width would cut a name in two)."""
+    from .config.base import shown
+
+    names = sorted(known)
+    listed: list[str] = []
+    while len(listed) < len(names) and len(", ".join([*listed, names[len(listed)]])) <= KNOWN_SHOWN:
+        listed.append(names[len(listed)])
+    more = f", and {len(names) - len(listed)} more: rayfl list" if len(listed) < len(names) else ""
+    return f"unknown {kind} {shown(repr(name), 80)}{closest(name, names)} (known: {', '.join(listed)}{more})"

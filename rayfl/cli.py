@@ -52,7 +52,27 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
                 f"{key}: a resumed run keeps its own ({shown(str(own), 80)}); --resume changes only {allowed}: start a "
                 f"new run for {shown(str(asked), 80)}"
             )
-    return parse_config(raw)
+    config = parse_config(raw)
+    if not getattr(args, "resume", None):
+        for line in before_the_run(raw, config):
+            print(f"rayfl: {line}", file=sys.stderr)
+    return config
+
+
+def before_the_run(raw: dict, config) -> list[str]:
+    """What a new run says before it starts: the settings it takes from its algorithm where the
+    config leaves them unset (`rayfl.config.load.algorithm_setting`), and what to know of a run
+    this short (`Algorithm.short_runs`)."""
+    from .config.load import algorithm_setting
+
+    name, lines = config.algorithm.name, []
+    taken = algorithm_setting(raw)
+    if taken:
+        lines.append(f"{name} takes its own {', '.join(f'{k}={v}' for k, v in taken.items())} (--set them to change)")
+    short = config.algorithm.record.short_runs
+    if short is not None and config.federation.rounds <= short[0]:
+        lines.append(f"{name} in {config.federation.rounds} rounds: {short[1]}")
+    return lines
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -157,10 +177,12 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from actors.driver import head
+
     from . import api, storage
 
     config = _config(args)
-    address = api.validate_address(args.address)
+    address = api.validate_address(head.dashboard(args.address))
     storage.check_location(args.out)
     job = api.submit(config, address, out=args.out, verbose=args.verbose)
     print(job, flush=True)
@@ -178,9 +200,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from actors.driver import head
+
     from . import api
 
-    print(f"{api.fetch(api.validate_address(args.address), args.job, args.to, args.client_port)}: fetched")
+    address = api.validate_address(head.dashboard(args.address))
+    print(f"{api.fetch(address, args.job, args.to, args.client_port)}: fetched")
     return 0
 
 
@@ -226,7 +251,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from actors.driver import head
 
     if args.command == "up":
-        record = head.up(args.num_cpus, args.num_gpus, bool(args.dashboard or args.dashboard_port), args.dashboard_port)
+        with_dashboard = bool(args.dashboard or args.dashboard_port or args.env)
+        record = head.up(args.num_cpus, args.num_gpus, with_dashboard, args.dashboard_port)
+        if args.env:  # the one line a shell evaluates
+            print(f"export RAY_AUTH_MODE=token RAY_API_SERVER_ADDRESS={head.dashboard(None)}")
+            return 0
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
         if record["dashboard"]:
@@ -238,7 +267,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             print("the browser asks for a token: paste the output of: ray get-auth-token")
         print(
             "for Ray's own CLI in your shell: export RAY_AUTH_MODE=token, and give it the address "
-            f"(ray status --address {record['address']})"
+            f'(ray status --address {record["address"]}; its job CLI: eval "$(rayfl up --env)")'
         )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from rayfl import checkpoint
+from rayfl.config import ConfigError
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from rayfl.storage import dump_config
@@ -317,37 +318,83 @@ def test_a_misspelt_key_is_reported_before_torch_or_ray_load():
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 1.5
 
 
-def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path):
+def interrupted(run_dir, sets: list[str], once) -> str:
+    """Ctrl-C to `rayfl run --local --out run_dir` (1000 rounds of the mlp, `--set`s `sets`) as soon
+    as the path `once` exists (an event, not a time): its exit status must be 130; its last line."""
     import signal
     import time
 
-    run_dir = tmp_path / "run"
-    small = ["--set", "model.name=mlp", "--set", "federation.checkpoint_every=1"]
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rayfl",
-            "run",
-            "--local",
-            *small,
-            "--set",
-            "federation.rounds=1000",
-            "--out",
-            str(run_dir),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    first = run_dir / "checkpoints" / "round_00001.pt"
-    while not first.exists() and run.poll() is None:  # an event: the first checkpoint is written
+    args = ["run", "--local", "--out", str(run_dir)]
+    args += [a for s in ["model.name=mlp", "federation.rounds=1000", *sets] for a in ("--set", s)]
+    run = subprocess.Popen([sys.executable, "-m", "rayfl", *args], stderr=subprocess.PIPE, text=True)
+    while not once.exists() and run.poll() is None:
         time.sleep(0.05)
     run.send_signal(signal.SIGINT)
     err = run.communicate(timeout=120)[1]
-    assert run.returncode == 130 and err.splitlines()[-1] == (
-        f"rayfl: interrupted; continue it with: rayfl run --resume {run_dir}"
-    ), err
+    assert run.returncode == 130, err
+    return err.splitlines()[-1]
+
+
+def test_ctrl_c_says_how_to_resume_and_the_resume_finishes_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    last = interrupted(run_dir, ["federation.checkpoint_every=1"], run_dir / "checkpoints" / "round_00001.pt")
+    assert last == f"rayfl: interrupted; continue it with: rayfl run --resume {run_dir}"
     newest = max(int(p.stem.removeprefix("round_")) for p in (run_dir / "checkpoints").glob("round_*.pt"))
     done = rayfl("run", "--local", "--resume", str(run_dir), "--set", f"federation.rounds={newest + 2}")
     assert done.returncode == 0, done.stderr
     assert pd.read_parquet(run_dir / "metrics.parquet")["round"].tolist() == list(range(1, newest + 3))
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_the_command_that_starts_it_again(tmp_path):
+    # the folder holds a run from its first moment (config.yaml): the same command is refused, and
+    # there is nothing to resume, so the line names the one that works, and that one does
+    run_dir = tmp_path / "run"
+    last = interrupted(run_dir, ["federation.checkpoint_every=0"], run_dir / "config.yaml")
+    assert last == f"rayfl: interrupted; no checkpoint was written yet; start it again with --out {run_dir} --overwrite"
+    again = ["run", "--local", "--set", "model.name=mlp", "--set", "federation.rounds=2", "--out", str(run_dir)]
+    assert rayfl(*again).returncode == 2
+    done = rayfl(*again, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert pd.read_parquet(run_dir / "metrics.parquet")["round"].tolist() == [1, 2]
+
+
+def test_job_commands_take_the_dashboard_from_the_flag_then_rays_variable_then_the_kept_head(monkeypatch):
+    # never a hard-coded port: `rayfl up` takes another when 8265 is taken, and says so
+    from actors.driver import head
+
+    kept = {"address": "127.0.0.1:6000", "dashboard": "http://127.0.0.1:8301"}
+    monkeypatch.setattr(head, "kept", lambda: kept)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    assert head.dashboard("http://h:1") == "http://h:1" and head.dashboard(None) == "http://127.0.0.1:8301"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://ray:2")
+    assert head.dashboard(None) == "http://ray:2"
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS")
+    kept["dashboard"] = None
+    with pytest.raises(ConfigError, match=r"^--address: no dashboard .*rayfl up --dashboard; the head rayfl up keeps"):
+        head.dashboard(None)
+    monkeypatch.setattr(head, "kept", lambda: None)
+    with pytest.raises(ConfigError, match=r"start a head with rayfl up --dashboard$"):
+        head.dashboard(None)
+
+
+def test_a_jobs_upload_leaves_out_what_git_ignores_and_each_file_over_the_limit_else_says_which(tmp_path, capsys):
+    # never a bare 413: the dashboard takes at most UPLOAD_LIMIT in one request (here 100 bytes)
+    from rayfl.api import EXCLUDES, upload_excludes
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/\n")  # 6 bytes
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "ignored.bin").write_bytes(b"x" * 500)  # git ignores it: never measured
+    (tmp_path / "my_images").mkdir()
+    (tmp_path / "my_images" / "huge.bin").write_bytes(b"x" * 150)  # alone over the limit: left out
+    (tmp_path / "a.txt").write_bytes(b"x" * 60)
+    assert upload_excludes(tmp_path, limit=100) == [*EXCLUDES, "/my_images/huge.bin"]
+    assert capsys.readouterr().err == (
+        "rayfl: left out of the job's upload, each over the dashboard's 100 bytes: my_images/huge.bin (150 bytes)\n"
+    )
+    (tmp_path / "b.txt").write_bytes(b"x" * 40)  # 6 + 60 + 40 = 106 > 100
+    with pytest.raises(
+        ConfigError,
+        match=r": the job's upload .* is 106 bytes, over the dashboard's 100 bytes; the largest: a\.txt \(60 bytes\)",
+    ):
+        upload_excludes(tmp_path, limit=100)

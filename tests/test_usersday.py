@@ -114,6 +114,18 @@ def test_unknown_keys_and_names_suggest_the_closest(override, message):
     assert override != "devices.profile=jetsn" or str(err.value).endswith("(did you mean 'jetson'?)")
 
 
+def test_an_unknown_names_list_of_known_ones_holds_whole_names_and_counts_the_rest():
+    # 27 algorithms do not fit on a line: the list stops at a name's end and says how many are left
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.name=fedavgx"])
+    said = str(err.value)
+    assert said.startswith("algorithm.name: unknown algorithm 'fedavgx' (did you mean 'fedavg'?) (known: ")
+    names, _, more = said.split("(known: ", 1)[1].removesuffix(")").partition(", and ")
+    names = names.split(", ")
+    assert 5 < len(names) < len(catalog.ALGORITHMS) and names == sorted(catalog.ALGORITHMS)[: len(names)]
+    assert more == f"{len(catalog.ALGORITHMS) - len(names)} more: rayfl list"
+
+
 def test_heterogeneous_algorithms_take_their_profile_and_warn_when_it_collapses(rayfl_notes, tmp_path):
     from rayfl.engine import prepare
 
@@ -151,3 +163,40 @@ def test_a_run_out_to_a_uri_lands_there_and_resumes_from_it(tmp_path, monkeypatc
         main(["run", "--local", "--out", "nosuch://x/y", *sets]) == 2
         and not (tmp_path / "home").joinpath("staging", "y").exists()
     )
+
+
+@pytest.mark.parametrize(
+    "sets, said",
+    [
+        (["algorithm.name=fedavg"], []),
+        (["algorithm.name=mfedepth"], ["mfedepth takes its own devices.profile=fedepth_fair, model.name=preresnet20"]),
+        (["algorithm.name=mfedepth", "devices.profile=jetson"], ["mfedepth takes its own model.name=preresnet20"]),
+        (["algorithm.name=heterofl"], ["heterofl takes its own model.norm=sbn"]),
+        (["algorithm.name=heterofl", "model.norm=bn"], []),
+        (["algorithm.name=efedsup", "model.name=supernet_small", "federation.rounds=40"], ["efedsup in 40 rounds: "]),
+        (["algorithm.name=efedsup", "model.name=supernet_small", "federation.rounds=41"], []),
+    ],
+)
+def test_a_run_says_what_it_takes_from_its_algorithm_and_what_a_short_run_shows(sets, said):
+    # what a run changes that it was not told to change is said in one line; E-FedSup's stall
+    # (docs/fedsup.md) before a run too short to leave it
+    from rayfl.cli import before_the_run
+    from rayfl.config.files import with_overrides
+
+    raw = with_overrides({}, sets)
+    lines = before_the_run(raw, load_config(None, sets))
+    assert len(lines) == len(said) and all(line.startswith(start) for line, start in zip(lines, said))
+    assert all(line.endswith("(--set them to change)") for line in lines if "takes its own" in line)
+
+
+def test_e_fedsup_with_its_defaults_says_so_on_screen_before_it_runs(tmp_path, capsys):
+    # the README's line for any algorithm, as a user types it (one round here)
+    args = ["run", "--local", "--set", "algorithm.name=efedsup", "--set", "federation.rounds=1"]
+    assert main([*args, "--set", "federation.clients_per_round=2", "--out", str(tmp_path / "run")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayfl: efedsup")]
+    assert err == [
+        "rayfl: efedsup takes its own model.name=supernet_small (--set them to change)",
+        "rayfl: efedsup in 1 rounds: random sub-nets trained on labels alone keep its Big sub-net near chance for "
+        "its first 20-40 rounds (docs/fedsup.md); its paper's setting learns in 200: rayfl run "
+        "examples/fedsup/efedsup.yaml",
+    ]

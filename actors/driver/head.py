@@ -60,6 +60,21 @@ def joining(address: str | None) -> str | None:
     return address
 
 
+def dashboard(address: str | None) -> str:
+    """The dashboard a job command (`rayfl submit`, `fetch`) talks to: `address`, else
+    $RAY_API_SERVER_ADDRESS (as Ray's job CLI reads it), else the kept head's; `ConfigError`, one
+    line, when there is none."""
+    record = kept()
+    found = address or os.environ.get("RAY_API_SERVER_ADDRESS") or (record or {}).get("dashboard")
+    if not found:
+        held = "the head rayfl up keeps has no dashboard (rayfl down, then rayfl up --dashboard)" if record else ""
+        raise ConfigError(
+            "--address: no dashboard to submit to: give --address http://HOST:8265, set RAY_API_SERVER_ADDRESS, or "
+            f"start a head with rayfl up --dashboard{'; ' + held if held else ''}"
+        )
+    return found
+
+
 def free_port(preferred: int = 0) -> int:
     """A port on 127.0.0.1 nothing listens on: `preferred` when it is free, else one the system picks."""
     for port in (preferred, 0) if preferred else (0,):

@@ -45,6 +45,9 @@ class Algorithm:
     """Config values (`section.key`) the algorithm takes where the config leaves them unset: its
     paper's recipe where the engine's defaults do not fit it (HeteroFL's static batch norm); a
     `model.` key applies to the model families that have it."""
+    short_runs: tuple[int, str] | None = None
+    """(N, what to know): `rayfl run` says it before a run of at most N rounds (E-FedSup's Big
+    sub-net sits near chance for its first 20-40 rounds, and which setting learns)."""
     vectorizable: bool = False
     """Opt-in: the procedure trains `ray.vectorize` clients of one variant in one batched call
     (`run_vectorized`, `vectorize.train_vectorized` over the procedure's own loss)."""
@@ -155,8 +158,7 @@ def get(name: str) -> Algorithm:
     if name not in _ALGORITHMS:
         _load_plugins()
     if name not in _ALGORITHMS:
-        known = ", ".join(sorted(_ALGORITHMS))
-        raise KeyError(f"unknown algorithm {name!r}{catalog.closest(name, _ALGORITHMS)} (known: {known})")
+        raise KeyError(catalog.unknown("algorithm", name, _ALGORITHMS))
     return _ALGORITHMS[name]
 
 

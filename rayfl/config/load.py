@@ -102,6 +102,24 @@ def with_default_profile(raw: Mapping[str, Any], algorithm: Algorithm) -> dict[s
     return {**raw, "devices": {**devices, "profile": declared}}
 
 
+def algorithm_setting(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run takes from its algorithm's own setting (`KEY: value`) because the config leaves it
+    unset: its device profile, its model for the dataset and its `defaults` (HeteroFL's static batch
+    norm), in that order. `rayfl run` says them in one line: a run that changes what it was not
+    told to says so."""
+    algorithm = algorithm_of(raw)
+    kind, family = model_family(raw, algorithm)
+    taken = {}
+    if "name" not in _mapping(raw, "model") and kind != ModelConfig().name:
+        taken["model.name"] = kind
+    filled = with_algorithm_defaults(with_default_profile(raw, algorithm), algorithm, family)
+    for section, values in filled.items():
+        if isinstance(values, Mapping):
+            unset = {name: value for name, value in values.items() if name not in _mapping(raw, section)}
+            taken.update({f"{section}.{name}": value for name, value in unset.items()})
+    return dict(sorted(taken.items(), key=lambda item: not item[0].startswith("devices.")))
+
+
 def with_trace_availability(raw: Mapping[str, Any]) -> dict[str, Any]:
     """`raw` with a device trace's own availability (`kind: trace`, its online intervals) when the
     config names a trace that has intervals and no availability of its own."""

@@ -73,10 +73,7 @@ def load_dataset(config: DataConfig, seed: int) -> Any:
     """Load the configured source (a `Dataset`, or a generated federation's `Clients`); unknown
     names and missing files raise `ConfigError`."""
     if config.name not in _SOURCES:
-        raise ConfigError(
-            f"data.name: unknown dataset {config.name!r}{catalog.closest(config.name, _SOURCES)} (known: "
-            f"{', '.join(sorted(_SOURCES))})"
-        )
+        raise ConfigError(f"data.name: {catalog.unknown('dataset', config.name, _SOURCES)}")
     return _SOURCES[config.name].load(config, seed)
 
 

@@ -47,9 +47,7 @@ def families() -> dict[str, ModelFamily]:
 
 def config_class(name: str) -> type[ModelConfig]:
     if name not in _FAMILIES:
-        raise KeyError(
-            f"unknown model {name!r}{catalog.closest(name, _FAMILIES)} (known: {', '.join(sorted(_FAMILIES))})"
-        )
+        raise KeyError(catalog.unknown("model", name, _FAMILIES))
     return _FAMILIES[name].config_class
 
 

@@ -59,6 +59,11 @@ EFEDSUP = register(
         EFedSupPolicy,
         FedAvgClient,
         SUPERNET_MODELS,
+        short_runs=(
+            40,
+            "random sub-nets trained on labels alone keep its Big sub-net near chance for its first 20-40 rounds "
+            "(docs/fedsup.md); its paper's setting learns in 200: rayfl run examples/fedsup/efedsup.yaml",
+        ),
         vectorizable=True,
     )
 )
