@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shlex
-import sys
 import tarfile
 import time
 from datetime import datetime
@@ -36,6 +35,7 @@ from . import checkpoint, storage
 from .config import ConfigError, RunConfig, shown, to_dict
 from .config.files import PATHS
 from .engine import Progress, new_run_dir, prepare
+from .upload import upload_excludes
 
 log = logging.getLogger("rayfl")
 
@@ -152,52 +152,11 @@ def client(address: str) -> Any:
     return retried(lambda: JobSubmissionClient(address, headers=auth_headers()), "connecting to the cluster")
 
 
-EXCLUDES = ["runs/", ".git/", "**/__pycache__/", "*.egg-info/", "site/"]
-"""What a job's upload of this repository leaves out (its runs, fetched ones included)."""
-UPLOAD_LIMIT = 100 * 2**20
-"""The most a Ray dashboard takes in one request (`ray_constants.DASHBOARD_CLIENT_MAX_SIZE`): a
-larger working dir got a bare `413` back."""
-
-
-def upload_excludes(root: Path = REPO_ROOT, limit: int = UPLOAD_LIMIT) -> list[str]:
-    """`EXCLUDES` plus every file of the job's upload of `root` that alone is over `limit` (said in
-    one line on stderr); `ConfigError`, one line naming the largest files and the limit, when the
-    rest is still over it. The upload is what Ray packs: the files git does not ignore, tracked or
-    not (Ray honours `.gitignore`, which holds `EXCLUDES`; outside a git checkout, every file).
-    Measured before compression, so a working dir refused here is one the dashboard could refuse."""
-    import subprocess
-
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True
-    )
-    if listed.returncode == 0:
-        files = [root / name for name in listed.stdout.decode().split("\0") if name]
-    else:
-        files = [p for p in root.rglob("*") if ".git" not in p.relative_to(root).parts]
-    sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in files if p.is_file()}
-    mib = lambda size: f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size} bytes"
-    largest = lambda of: ", ".join(f"{shown(n, 80)} ({mib(of[n])})" for n in sorted(of, key=of.get, reverse=True)[:3])
-    too_big = {n: size for n, size in sizes.items() if size > limit}
-    if too_big:
-        print(
-            f"rayfl: left out of the job's upload, each over the dashboard's {mib(limit)}: {largest(too_big)}",
-            file=sys.stderr,
-        )
-    rest = {n: size for n, size in sizes.items() if size <= limit}
-    if sum(rest.values()) > limit:
-        raise ConfigError(
-            f"{root}: the job's upload (the files git does not ignore) is {mib(sum(rest.values()))}, over the "
-            f"dashboard's {mib(limit)}; the largest: {largest(rest)}: add them to .gitignore or .rayignore, or move "
-            "them out"
-        )
-    return [*EXCLUDES, *(f"/{n}" for n in too_big)]
-
-
 def submit(config: RunConfig, address: str, out: str | None = None, verbose: bool = False) -> str:
     """Submit one federation as a Ray job with this repository as its working dir; returns the
     job's submission id, which names the run (and is its RUN_DIR's name by default). Ray's INFO
     and WARNING lines about packaging the working dir only when `verbose`."""
-    excludes = upload_excludes()
+    excludes = upload_excludes(REPO_ROOT)
     jobs = client(address)
     for name in (
         "ray",
@@ -403,7 +362,7 @@ def pool_command_on(address: str, action: str, timeout_s: float = 300.0) -> str:
     job = retried(
         lambda: jobs.submit_job(
             entrypoint=f"python -m rayfl pool {shlex.quote(action)}",
-            runtime_env={"working_dir": str(REPO_ROOT), "excludes": upload_excludes()},
+            runtime_env={"working_dir": str(REPO_ROOT), "excludes": upload_excludes(REPO_ROOT)},
             metadata={"rayfl": f"pool {action}"},
         ),
         "submitting the job",

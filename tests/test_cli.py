@@ -379,7 +379,7 @@ def test_job_commands_take_the_dashboard_from_the_flag_then_rays_variable_then_t
 
 def test_a_jobs_upload_leaves_out_what_git_ignores_and_each_file_over_the_limit_else_says_which(tmp_path, capsys):
     # never a bare 413: the dashboard takes at most UPLOAD_LIMIT in one request (here 100 bytes)
-    from rayfl.api import EXCLUDES, upload_excludes
+    from rayfl.upload import EXCLUDES, upload_excludes
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / ".gitignore").write_text("runs/\n")  # 6 bytes

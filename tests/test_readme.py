@@ -62,4 +62,4 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     fetched = [p for p in runs.iterdir() if p.name.startswith("rayfl-fedavg-digits-")]
     assert len(fetched) == 1 and (fetched[0] / "metrics.parquet").is_file()  # `--fetch` lands under runs/
     ignored = subprocess.run(["git", "check-ignore", "-q", f"runs/{fetched[0].name}"], cwd=ROOT)
-    assert ignored.returncode == 0  # git never sees fetched runs, nor does a job's upload (rayfl.api.EXCLUDES)
+    assert ignored.returncode == 0  # git never sees fetched runs, nor does a job's upload (rayfl.upload.EXCLUDES)
