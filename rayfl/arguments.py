@@ -113,7 +113,17 @@ def add_traces(sub: argparse._SubParsersAction) -> None:
 
 def add_run(sub: argparse._SubParsersAction) -> None:
     """`rayfl run`."""
-    run = sub.add_parser("run", help="run one federation (the embedded default without CONFIG)")
+    run = sub.add_parser(
+        "run",
+        help="run one federation (the embedded default without CONFIG)",
+        description="Run one federation: CONFIG (YAML) or the embedded default, with --set overrides.",
+        epilog="examples:\n"
+        "  rayfl run --set algorithm.name=heterofl --set federation.rounds=10 --out runs/heterofl\n"
+        "  rayfl run examples/heterofl/a-e.yaml --local\n\n"
+        "every key, its default and its range: docs/config.md (rayfl list names the algorithms, datasets, "
+        "models and device profiles)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("config", nargs="?", help="config YAML")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     run.add_argument(

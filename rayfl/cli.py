@@ -225,7 +225,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if best is None:
         print("no trial finished all its rounds: no best.yaml")
         return 1
-    print(f"best trial {best['trial_id']}: {metric} {best[metric]:.4f}; config {exp.dir / 'best.yaml'}")
+    print(
+        f"best trial {best['trial_id']} (the best {metric} of the trials that ran all their rounds): "
+        f"{best[metric]:.4f}; config {exp.dir / 'best.yaml'}"
+    )
     return 0
 
 

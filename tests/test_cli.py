@@ -4,16 +4,20 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from rayfl import checkpoint
+from rayfl.cli import main
 from rayfl.config import ConfigError
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from rayfl.storage import dump_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rayfl(*args, cwd=None):
@@ -398,3 +402,19 @@ def test_a_jobs_upload_leaves_out_what_git_ignores_and_each_file_over_the_limit_
         match=r": the job's upload .* is 106 bytes, over the dashboard's 100 bytes; the largest: a\.txt \(60 bytes\)",
     ):
         upload_excludes(tmp_path, limit=100)
+
+
+def test_run_help_shows_two_examples_that_load_and_points_to_the_key_reference(capsys):
+    import shlex
+
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    said = capsys.readouterr().out
+    examples = [line.strip() for line in said.split("examples:\n", 1)[1].splitlines() if line.startswith("  rayfl run")]
+    assert done.value.code == 0 and len(examples) == 2 and "docs/config.md" in said
+    assert (ROOT / "docs" / "config.md").is_file()
+    for example in examples:  # each one's config loads as written (paths from the repository's root)
+        words = shlex.split(example)[2:]
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        files = [w for i, w in enumerate(words) if w.endswith(".yaml") and words[i - 1] != "--set"]
+        load_config(ROOT / files[0] if files else None, sets)

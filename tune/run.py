@@ -272,28 +272,34 @@ def write_results(exp: Experiment, grid: Any) -> dict[str, Any]:
 
 
 class TrialBar(tune.Callback):
-    """A tqdm bar of trials ended (finished, stopped early or failed), with the best metric so far:
-    what `rayfl tune` shows instead of Tune's status tables (those come with `--verbose`)."""
+    """A tqdm bar of trials ended (finished, stopped early or failed), with the best final metric
+    of the trials that ran all their rounds so far: the definition of `best_trial`, whose line
+    `rayfl tune` prints at the end (a stopped trial's, or a trial's best round, never shows). What
+    `rayfl tune` shows instead of Tune's status tables (those come with `--verbose`)."""
 
     def __init__(self, exp: Experiment, total: int):
         self.metric, self.better = exp.spec.metric, (max if exp.spec.direction == "max" else min)
-        self.total, self.bar, self.best = total, None, None
+        self.total, self.rounds, self.bar, self.best = total, exp.max_rounds, None, None
+        self.last: dict[str, tuple[Any, Any]] = {}  # trial id -> its last result's (round, metric)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        value = result.get(self.metric)
-        if value is not None and not math.isnan(value):
-            self.best = value if self.best is None else self.better(self.best, value)
+        self.last[trial.trial_id] = result.get("round"), result.get(self.metric)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         from tqdm import tqdm
 
         if self.bar is None:
             self.bar = tqdm(total=self.total, unit="trial", dynamic_ncols=True)
+        rounds, value = self.last.get(trial.trial_id, (None, None))
+        if rounds == self.rounds and value is not None and not math.isnan(value):
+            self.best = value if self.best is None else self.better(self.best, value)
         if self.best is not None:
-            self.bar.set_postfix({f"best {self.metric}": f"{self.best:.4f}"}, refresh=False)
+            self.bar.set_postfix({f"best final {self.metric}": f"{self.best:.4f}"}, refresh=False)
         self.bar.update(1)
 
-    on_trial_error = on_trial_complete
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.last.pop(trial.trial_id, None)  # a failed trial's last round is not final
+        self.on_trial_complete(iteration, trials, trial, **info)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.bar is not None:

@@ -57,6 +57,24 @@ def load_splits(config: DataConfig, seed: int) -> tuple[Any, Any]:
     return held["train"], held["test"]
 
 
+def with_folder_labels(split: Any, config: DataConfig) -> Any:
+    """`split` with its images' folder names as the label column, where a local image folder of class
+    subfolders has no such column: the `datasets` library drops the folder labels once the folder
+    holds a metadata file (a `metadata.csv` naming each image's writer for `partition: {kind:
+    natural, by: writer}`). The names map to ids in sorted order, as the library's own labels do."""
+    import datasets
+
+    f, root = config.features, Path(config.path).expanduser()
+    if f.image is None or f.label in split.column_names or f.image not in split.column_names or not root.is_dir():
+        return split
+    folders = [
+        Path(image["path"]).parent for image in split.cast_column(f.image, datasets.Image(decode=False))[f.image]
+    ]
+    if any(folder.resolve() == root.resolve() for folder in folders):  # an image outside every class folder
+        return split
+    return split.add_column(f.label, [folder.name for folder in folders])
+
+
 def check_columns(split: Any, config: DataConfig) -> None:
     f = config.features
     for key, column in (("image", f.image), ("text", f.text), ("label", f.label)):
@@ -94,7 +112,7 @@ def labels(train: Any, test: Any, column: str) -> tuple[np.ndarray, np.ndarray, 
 @source("hf")
 def load_hf(config: DataConfig, seed: int) -> Dataset:
     """A Hugging Face dataset as pooled arrays (module docstring)."""
-    train, test = load_splits(config, seed)
+    train, test = (with_folder_labels(split, config) for split in load_splits(config, seed))
     check_columns(train, config)
     f = config.features
     if f.image is not None:

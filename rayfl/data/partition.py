@@ -45,7 +45,8 @@ def dirichlet_unbalanced(
     """
     if num_clients * min_size > len(labels):
         raise ConfigError(
-            f"data.partition.min_size: {num_clients} clients x {min_size} exceeds the {len(labels)} training samples"
+            f"data.num_clients: {num_clients} clients x data.partition.min_size {min_size} exceeds the {len(labels)} "
+            f"training samples: set data.num_clients to at most {len(labels) // max(min_size, 1)}, or lower min_size"
         )
     by_class = [np.flatnonzero(labels == c) for c in range(num_classes)]
     for _ in range(_MAX_DRAWS):
@@ -61,7 +62,7 @@ def dirichlet_unbalanced(
             return out
     raise ConfigError(
         f"data.partition.min_size: no Dirichlet({alpha}) draw in {_MAX_DRAWS} gave every client {min_size} samples; "
-        "lower min_size or raise alpha"
+        "use fewer clients (data.num_clients), a lower min_size or a higher alpha"
     )
 
 
@@ -177,7 +178,8 @@ def by_column(name: str, columns: Any, column: str, num_clients: int) -> list[np
     keys, owner = np.unique(values, return_inverse=True)
     if num_clients > len(keys):
         raise ConfigError(
-            f"data.num_clients: {num_clients} clients, but column {column!r} has {len(keys)} distinct values"
+            f"data.num_clients: {num_clients} clients, but column {column!r} has {len(keys)} distinct values: set "
+            f"data.num_clients to at most {len(keys)}"
         )
     order = np.argsort(owner, kind="stable")
     bounds = np.cumsum(np.bincount(owner, minlength=len(keys)))[:-1]

@@ -67,6 +67,47 @@ def test_an_image_folder_loads_with_its_folder_labels(image_folder):
     assert abs(float(data.x_train.mean())) < 1e-4  # standardized by the training split
 
 
+def test_a_plain_class_folder_with_a_metadata_file_keeps_its_folder_labels_and_splits_by_writer(tmp_path):
+    # the README's own-data line: my_images/<class>/*.png, no split folders; a metadata.csv naming
+    # each image's writer gives the natural partition its column, and the folder labels stay
+    g, rows = np.random.default_rng(2), ["file_name,writer"]
+    for label in SHAPES:
+        (tmp_path / label).mkdir()
+        for i in range(12):
+            Image.fromarray(draw(label, g), "L").save(tmp_path / label / f"{i}.png")
+            rows.append(f"{label}/{i}.png,w{i % 4}")
+    plain = hf(tmp_path, "data.features.image=image", "data.num_clients=4")
+    data = load_dataset(load_config(None, plain).data, 0)
+    assert data.num_classes == 3 and len(data.y_train) + len(data.y_test) == 36  # a seeded 20% held out
+    (tmp_path / "metadata.csv").write_text("\n".join(rows) + "\n")
+    natural = load_config(None, [*plain, "data.partition={kind: natural, by: writer}"])
+    with_metadata, clients = load_dataset(natural.data, 0), load_clients(natural.data, 0)
+    assert np.array_equal(with_metadata.y_train, data.y_train) and np.array_equal(with_metadata.y_test, data.y_test)
+    stripes = with_metadata.x_train[with_metadata.y_train == 2].mean(axis=0)[0]  # id 2: the stripe folder
+    assert stripes[:, 0::3].mean() > stripes[:, 1::3].mean() + 1.0
+    writers = np.asarray(with_metadata.columns["writer"])
+    assert [sorted(set(writers[clients.indices(k)])) for k in range(4)] == [[f"w{k}"] for k in range(4)]
+
+
+def test_the_readmes_own_data_line_runs_on_a_plain_class_folder(tmp_path, monkeypatch):
+    # as written, in a folder holding my_images/<class>/*.png (one round, in process, here)
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"\*\*Your own data\.\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
+    words = shlex.split(re.sub(r"#.*", "", block.replace("\\\n", " ")))
+    g = np.random.default_rng(3)
+    for label in SHAPES:
+        (tmp_path / "my_images" / label).mkdir(parents=True)
+        for i in range(30):
+            Image.fromarray(draw(label, g), "L").save(tmp_path / "my_images" / label / f"{i}.png")
+    monkeypatch.chdir(tmp_path)
+    assert words[:2] == ["rayfl", "run"] and "./my_images" in block
+    assert main([*words[1:], "--local", "--set", "federation.rounds=1", "--out", str(tmp_path / "run")]) == 0
+
+
 def test_rayfl_run_on_an_image_folder_and_a_text_csv(image_folder, text_csv, tmp_path):
     common = [
         "federation.rounds=5",

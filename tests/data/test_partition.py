@@ -75,8 +75,16 @@ def test_dirichlet_label_skew_grows_as_alpha_shrinks(digits, balanced):
 def test_min_size_is_respected_and_impossible_requests_fail(digits):
     p = partition(digits, cfg(kind="dirichlet", alpha=0.3, min_size=25), seed=1)
     assert p.sizes().min() >= 25
-    with pytest.raises(ConfigError, match="data.partition.min_size"):
-        partition(digits, cfg(kind="dirichlet", alpha=0.5, min_size=1000), seed=1)
+    with pytest.raises(ConfigError) as refused:
+        partition(digits, cfg(kind="dirichlet", alpha=0.5, min_size=100), seed=1)
+    # the line names the fix that works: as many clients as hold min_size each
+    fits = int(str(refused.value).split("at most ")[1].split(",")[0])
+    assert str(refused.value).startswith("data.num_clients: 20 clients x data.partition.min_size 100 exceeds the ")
+    assert fits == len(digits.y_train) // 100 < 20
+    spec = {"kind": "dirichlet", "alpha": 0.5, "min_size": 100}
+    data = {"num_clients": fits // 2, "partition": spec}  # (at most: a bound; Dirichlet's draws vary)
+    fewer = parse_config({"data": data, "federation": {"clients_per_round": 2}}).data
+    assert partition(digits, fewer, seed=1).sizes().min() >= 100
 
 
 def test_noniid_level_is_balanced_dirichlet_with_alpha_one_over_p(digits):

@@ -186,3 +186,35 @@ def test_logger_callbacks_need_their_package_and_take_only_their_options(tmp_pat
     assert main(["tune", str(path)]) == 2 and "callbacks.tensorboard" in capsys.readouterr().err
     exp = load_experiment(write(tmp_path, good, callbacks={"mlflow": {"tracking_uri": "sqlite:///x.db"}}))
     assert exp.spec.callbacks == {"mlflow": {"tracking_uri": "sqlite:///x.db"}}
+
+
+def test_the_bar_shows_the_best_final_metric_of_trials_that_ran_all_their_rounds(tmp_path, monkeypatch):
+    # the definition of the best trial `rayfl tune` names at its end: never a trial's best round,
+    # nor the last round of a trial ASHA stopped or one that failed
+    from types import SimpleNamespace
+
+    import tqdm
+
+    from tune.run import TrialBar
+
+    shown = []
+    monkeypatch.setattr(
+        tqdm,
+        "tqdm",
+        lambda **kw: SimpleNamespace(
+            set_postfix=lambda d, refresh: shown.append(d), update=lambda n: None, close=lambda: None
+        ),
+    )
+    bar = TrialBar(load_experiment(write(tmp_path, {"federation.lr": {"grid": [0.1]}})), total=4)
+    trial = SimpleNamespace
+    report = lambda t, *rows: [bar.on_trial_result(0, [], t, {"round": r, "test_accuracy": a}) for r, a in rows]
+    a, b, c, d = (trial(trial_id=k) for k in "abcd")
+    report(a, (1, 0.52), (2, 0.40))  # its best round (0.52) is not its final one
+    bar.on_trial_complete(0, [], a)
+    report(b, (1, 0.90))  # stopped early at round 1 of 2
+    bar.on_trial_complete(0, [], b)
+    report(c, (1, 0.6), (2, 0.95))  # failed after its last report
+    bar.on_trial_error(0, [], c)
+    report(d, (1, 0.3), (2, 0.45))
+    bar.on_trial_complete(0, [], d)
+    assert shown == [{"best final test_accuracy": f"{v:.4f}"} for v in (0.40, 0.40, 0.40, 0.45)]
