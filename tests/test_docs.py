@@ -12,6 +12,8 @@ PAPERS = ["heterofl", "fedepth", "fedsup", "inclusivefl", "mergesfl"]
 def test_readme_is_short_and_keeps_the_two_commands():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 200
+    # speed figures live in docs/benchmarks.md alone: a copy here drifted from it (2.07x there, 1.31x here)
+    assert not re.findall(r"\d\.\d+x\b|[+-]\d+(\.\d+)? s\b", text) and "docs/benchmarks.md" in text
     assert "pip install torch==2.14.1 torchvision==0.29.1 -e . && rayfl run" in text
     assert 'pip install torch==2.14.1 torchvision==0.29.1 -e ".[test]" && python -m pytest' in text
     assert (
