@@ -64,7 +64,7 @@ def run(
     run_dir = run_dir.resolve()  # where the coordinator writes, whatever its working directory
     run_id = run_id or run_dir.name
 
-    from actors.driver.head import joining
+    from actors.driver.head import joining, on_the_kept_head
 
     address = joining(address or config.ray.address)  # before Ray's import: joining a kept head sets its auth mode
     from ray.exceptions import RayActorError, RayTaskError
@@ -72,7 +72,8 @@ def run(
     from actors.driver.launch import RoundsFailed, launch
 
     try:
-        return launch(fed, start, run_dir, run_id, address, progress, phase)
+        with on_the_kept_head(address):  # `rayfl down` stops this run first
+            return launch(fed, start, run_dir, run_id, address, progress, phase)
     except (RayTaskError, RoundsFailed) as exc:  # the round loop raised (in the coordinator, or here): one line
         raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:

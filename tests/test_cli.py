@@ -418,3 +418,25 @@ def test_run_help_shows_two_examples_that_load_and_points_to_the_key_reference(c
         sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
         files = [w for i, w in enumerate(words) if w.endswith(".yaml") and words[i - 1] != "--set"]
         load_config(ROOT / files[0] if files else None, sets)
+
+
+def test_a_run_on_the_kept_head_is_asked_to_stop_before_down_stops_the_head(monkeypatch, tmp_path):
+    # down's signal sets the flag the driver's loop over the rounds reads (`follow.follow`); the
+    # run's file says down whom to ask and goes with the run (tests.actors.down_drill: 20 real tries)
+    import os
+    import signal
+
+    from actors.driver import head
+
+    monkeypatch.setattr(head, "DRIVERS", tmp_path / "drivers")
+    monkeypatch.setattr(head, "kept", lambda: {"address": "127.0.0.1:6000"})
+    before = signal.getsignal(signal.SIGUSR1)
+    with head.on_the_kept_head("127.0.0.1:7000"):  # another cluster: nothing held
+        assert not (tmp_path / "drivers").exists()
+    with head.on_the_kept_head("127.0.0.1:6000"):
+        held = tmp_path / "drivers" / str(os.getpid())
+        assert held.is_file() and not head.STOPPING.is_set()
+        (tmp_path / "drivers" / "999999999").touch()  # a run that ended without removing its file
+        head.stop_runs(timeout_s=0.5)  # asks this process's run (which keeps running here: 0.5 s)
+        assert head.STOPPING.is_set() and held.is_file() and not (tmp_path / "drivers" / "999999999").exists()
+    assert not held.exists() and signal.getsignal(signal.SIGUSR1) == before

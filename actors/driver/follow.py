@@ -16,6 +16,7 @@ from rayfl.engine import Progress, Start
 
 from .. import raystate
 from ..coordinator.actor import Duty
+from . import head
 
 log = logging.getLogger("rayfl")
 
@@ -31,6 +32,8 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
     while True:
         done = coordinator.run.remote(duty, begin)
         while (news := heard(coordinator, done, last, timeout_s)) is not None:
+            if head.STOPPING.is_set():  # `rayfl down` waits for this run to hand its actors back
+                raise head.HeadStopping()
             finished, rows, notes = news
             for note in notes:
                 log.warning(note)

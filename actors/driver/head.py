@@ -4,11 +4,14 @@ process group of its own, with token authentication as `ray.init` gives a new lo
 Ray cluster on the host). While it is up, `rayfl run` and `rayfl tune` without `--address`
 join it, so their actors stay warm in its pool (`actors/keeper.py`) from one run to the next.
 
-Its address, process and Ray temp folder are recorded in `~/rayfl/head.json`.
+Its address, process and Ray temp folder are recorded in `~/rayfl/head.json`; each run on it
+(`rayfl run`, a job's driver) holds a file under `~/rayfl/drivers/` while it runs, so that `rayfl
+down` stops those runs first, each with its one line and the command that continues it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,9 +20,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -29,6 +33,8 @@ from rayfl.storage import HOME
 from .. import raystate
 
 RECORD = HOME / "head.json"
+DRIVERS = HOME / "drivers"
+"""A file per process whose run is on the kept head, named by its pid (`on_the_kept_head`)."""
 SYSTEM_CONFIG = {"worker_niceness": 0}
 """Ray's settings for the clusters rayfl starts (a run's own, `rayfl up`'s): the workers at the
 driver's priority. Ray starts them at nice 15 behind every other process, so on a machine busy
@@ -73,6 +79,69 @@ def dashboard(address: str | None) -> str:
             f"start a head with rayfl up --dashboard{'; ' + held if held else ''}"
         )
     return found
+
+
+STOPPING = threading.Event()
+"""Set in a run on the kept head when `rayfl down` asks it to stop (`on_the_kept_head`); the
+driver's loop over the coordinator's rounds (`follow.follow`) then raises `HeadStopping`. (Raised
+from the signal handler itself, the exception surfaced inside Ray's Cython `wait` as a
+`SystemError`.)"""
+
+
+class HeadStopping(RuntimeError):
+    """`rayfl down` is stopping the head under the run: raised in the run's main thread while the
+    head still answers, so the run hands its actors back and ends with its one line. Waiting for
+    the head to go instead lost a race, 1 time in 10: Ray's core worker ends the process at once
+    when its local raylet dies ("Exiting because the Raylet IPC connection failed"), before any
+    line of rayfl's."""
+
+    def __init__(self) -> None:
+        super().__init__("the cluster stopped under the run (rayfl down stopped its head)")
+
+
+@contextlib.contextmanager
+def on_the_kept_head(address: str | None) -> Iterator[None]:
+    """While a run joined to the kept head (`address` is its address) runs in this process's main
+    thread: its file under `DRIVERS` and a handler that sets `STOPPING` when `down` asks
+    (`SIGUSR1`). Elsewhere, nothing."""
+    import signal
+
+    record = kept()
+    if record is None or address != record["address"] or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopping(signum: int, frame: Any) -> None:
+        STOPPING.set()
+
+    STOPPING.clear()
+    held = DRIVERS / str(os.getpid())
+    DRIVERS.mkdir(parents=True, exist_ok=True)
+    before = signal.signal(signal.SIGUSR1, stopping)
+    held.touch()
+    try:
+        yield
+    finally:
+        held.unlink(missing_ok=True)
+        signal.signal(signal.SIGUSR1, before)
+
+
+def stop_runs(timeout_s: float = 120.0) -> None:
+    """Ask every run on the kept head (`DRIVERS`) to stop (`HeadStopping`), and wait until each has
+    ended (at most `timeout_s`: a run hands its actors back first)."""
+    import signal
+
+    running = []
+    for held in DRIVERS.glob("*") if DRIVERS.is_dir() else ():
+        try:
+            os.kill(int(held.name), signal.SIGUSR1)
+            running.append(int(held.name))
+        except (ValueError, ProcessLookupError):
+            held.unlink(missing_ok=True)  # a run that ended without removing it
+    deadline = time.monotonic() + timeout_s
+    while running and time.monotonic() < deadline:
+        running = [pid for pid in running if psutil.pid_exists(pid) and (DRIVERS / str(pid)).exists()]
+        time.sleep(0.1)
 
 
 def free_port(preferred: int = 0) -> int:
@@ -181,6 +250,8 @@ def down(timeout_s: float = 3.0) -> dict[str, Any] | None:
     """Stop the kept head (its whole process group) and remove its Ray temp folder (that of a
     head that died too); its record, None when none was up."""
     record = kept()
+    if record is not None:
+        stop_runs()
     written = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
     RECORD.unlink(missing_ok=True)
     if record is not None:

@@ -23,6 +23,7 @@ from ..coordinator.dashboard import DashboardMetrics
 from .cluster import check_fits_here, connect
 from .crew import Crew, gather, release, wait_for_actors
 from .follow import Cancelled, ClusterGone, answer, follow
+from .head import HeadStopping
 
 log = logging.getLogger("rayfl")
 
@@ -65,7 +66,7 @@ def launch(
             except Paused as paused:
                 start = paused.start
                 up.wanted.set()
-            except ConfigError:
+            except (ConfigError, HeadStopping):
                 raise
             except Exception as exc:
                 raise RoundsFailed(exc) from exc

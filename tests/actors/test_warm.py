@@ -221,7 +221,7 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
         line for line in err.splitlines() if line.startswith("rayfl: run failed")
     ]  # Ray's own log lines may follow
     assert run.returncode == 1 and failed == [
-        "rayfl: run failed: the cluster stopped under the run (its head no longer answers); continue it with: rayfl "
+        "rayfl: run failed: the cluster stopped under the run (rayfl down stopped its head); continue it with: rayfl "
         f"run --resume {going}"
     ], err[-3000:]
     with pytest.raises(ProcessLookupError):
