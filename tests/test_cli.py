@@ -116,7 +116,7 @@ BAD_INPUTS = [
     (["--set", "devices.profile=nowhere.yaml"], "devices.profile: 'nowhere.yaml' is neither"),
     (["--set", "devices.mix=1:2"], "devices.mix: '1:2' has 2 numbers; profile 'jetson' has 3 classes"),
     (["--set", "data.name=cifar10", "--set", "data.data_dir=."], "data.data_dir: cifar10 not found under"),
-    (["--set", "data.partition.min_size=500"], "data.partition.min_size: 20 clients x 500 exceeds"),
+    (["--set", "data.partition.min_size=500"], "data.num_clients: 20 clients x data.partition.min_size 500 exceeds"),
     (["--set", "federation.clients_per_round=30"], "federation.clients_per_round (30) exceeds data.num_clients (20)"),
     (["--set", "algorithm.name=sfl", "--set", "model.name=mlp"], "model.name: sfl needs a model with a split point"),
     (
@@ -439,4 +439,4 @@ def test_a_run_on_the_kept_head_is_asked_to_stop_before_down_stops_the_head(monk
         (tmp_path / "drivers" / "999999999").touch()  # a run that ended without removing its file
         head.stop_runs(timeout_s=0.5)  # asks this process's run (which keeps running here: 0.5 s)
         assert head.STOPPING.is_set() and held.is_file() and not (tmp_path / "drivers" / "999999999").exists()
-    assert not held.exists() and signal.getsignal(signal.SIGUSR1) == before
+    assert not held.exists() and signal.getsignal(signal.SIGUSR1) == before and not head.STOPPING.is_set()

@@ -124,6 +124,7 @@ def on_the_kept_head(address: str | None) -> Iterator[None]:
     finally:
         held.unlink(missing_ok=True)
         signal.signal(signal.SIGUSR1, before)
+        STOPPING.clear()  # the next run of this process starts unasked
 
 
 def stop_runs(timeout_s: float = 120.0) -> None:
