@@ -13,10 +13,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tests.actors.drills import checkpoint_of
+from tests.actors.drills import a_long_run
 
 LINE = "rayfl: run failed: the cluster stopped under the run (rayfl down stopped its head); continue it with: "
 
@@ -29,15 +28,7 @@ def one_try(root: Path) -> tuple[bool, str]:
     try:
         subprocess.run([*rayfl, "up", "--num-cpus", "2"], env=env, check=True, capture_output=True, timeout=300)
         going = root / "run"
-        sets = ["model.name=mlp", "federation.rounds=100000", "federation.checkpoint_every=1"]
-        run = subprocess.Popen(
-            [*rayfl, "run", *(a for s in sets for a in ("--set", s)), "--out", str(going)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        while not checkpoint_of(going, 1).exists() and run.poll() is None:
-            time.sleep(0.05)
+        run = a_long_run(going, env)
     finally:
         subprocess.run([*rayfl, "down"], env=env, capture_output=True, timeout=300)
         shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)

@@ -1,6 +1,8 @@
 """What the fault drills share: an action run from a run's progress callback once a round has
 been reported, or in a thread once a file is written."""
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -59,6 +61,18 @@ def answering(actors: list, timeout_s: float = 300) -> None:
 
 def checkpoint_of(run_dir: Path, round: int) -> Path:
     return run_dir / "checkpoints" / f"round_{round:05d}.pt"
+
+
+def a_long_run(run_dir: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`rayfl run` (the mlp, 100000 rounds, a checkpoint each round, its stderr piped) in `env`,
+    returned once its first checkpoint is written (or it ended): a run going on for something to
+    stop under it."""
+    sets = ["model.name=mlp", "federation.rounds=100000", "federation.checkpoint_every=1"]
+    args = [sys.executable, "-m", "rayfl", "run", *(a for s in sets for a in ("--set", s)), "--out", str(run_dir)]
+    run = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
+    while not checkpoint_of(run_dir, 1).exists() and run.poll() is None:
+        time.sleep(0.05)
+    return run
 
 
 def actors_of(run_id: str, role: str) -> list:

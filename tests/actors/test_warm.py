@@ -19,7 +19,7 @@ from actors.driver.head import free_port
 from rayfl import api
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
-from tests.actors.drills import checkpoint_of, once_written
+from tests.actors.drills import a_long_run, checkpoint_of, once_written
 from tests.actors.test_ray_runner import tables
 
 pytestmark = pytest.mark.ray
@@ -202,15 +202,7 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
         job = rayfl("submit", "--address", record["dashboard"], "--wait", "--set", "federation.rounds=1")
         assert job.returncode == 0 and "final test accuracy" in job.stdout, job.stdout + job.stderr  # its own agent
         going = tmp_path / "going"  # a run that `rayfl down` stops under it
-        run = subprocess.Popen(
-            [sys.executable, "-m", "rayfl", "run", "--set", "model.name=mlp", "--set", "federation.rounds=100000"]
-            + ["--set", "federation.checkpoint_every=1", "--out", str(going)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        while not checkpoint_of(going, 1).exists() and run.poll() is None:
-            time.sleep(0.05)
+        run = a_long_run(going, env)
     finally:
         down = rayfl("down")
         head_dir_left = Path(record["temp_dir"]).exists()
