@@ -38,7 +38,7 @@ class InProcessExecutor:
         self.account = fed.account
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         def gather() -> list[GroupOutcome]:
             out = []

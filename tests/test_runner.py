@@ -145,8 +145,8 @@ def test_each_algorithm_trains_in_process(tmp_path, name):
 class Recording(InProcessExecutor):
     """Keeps the pace the engine hands over, and the groups' outcomes."""
 
-    def submit(self, groups, sums, pace=None):
-        gather = super().submit(groups, sums, pace)
+    def submit(self, groups, *, sums, pace=None):
+        gather = super().submit(groups, sums=sums, pace=pace)
         self.pace = pace
 
         def keep():
@@ -205,7 +205,7 @@ def test_the_in_process_executor_holds_each_task_to_its_pace():
         fed = build_federation(cfg)
         tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
         start = time.perf_counter()
-        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], False, pace=lambda group: 0.25)()
+        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], sums=False, pace=lambda group: 0.25)()
     assert time.perf_counter() - start >= 0.5
 
 

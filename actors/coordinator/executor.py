@@ -95,7 +95,7 @@ class RayExecutor:
         return refs
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         """Send the first groups to the idle actors now (each summed where it runs with `sums`); the
         returned call feeds the rest to actors as they free up and returns every group's outcome

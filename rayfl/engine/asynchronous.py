@@ -137,7 +137,7 @@ class Queue:
         if self.unsent:
             self.batch_of.update((key(t), len(self.batches)) for t in self.unsent)
             self.batches.append(
-                (self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size), False))
+                (self.unsent, self.executor.submit(groups_of(self.unsent, self.fed.config.call_size), sums=False))
             )
             self.unsent = []
 

@@ -94,12 +94,12 @@ class Deadline:
         last = fed.config.federation.rounds
         if state.round >= last:
             return
-        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, False, late.busy())
+        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, sums=False, busy=late.busy())
         while True:
             out = replace(close(fed, d, state, virtual_time_s, late), batteries=batteries.snapshot())
             state, virtual_time_s = out.state, out.row["virtual_time_s"]
             following = (
-                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, False, late.busy())
+                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, sums=False, busy=late.busy())
                 if d.round < last
                 else None
             )

@@ -41,7 +41,7 @@ class Executor(Protocol):
     """Runs a round's groups of tasks; hosts `host.run_group`."""
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         """Start the groups; the returned call waits for them and gives their outcomes in group
         order. With `sums` (the scheduler's say), each group's accepted clients are added up where
@@ -94,6 +94,7 @@ def dispatch(
     executor: Executor,
     start: float,
     batteries: Batteries,
+    *,
     sums: bool,
     busy: Collection[ClientId] = (),
 ) -> Dispatched:
@@ -122,7 +123,7 @@ def dispatch(
             def pace(group: GroupOutcome) -> float:
                 return cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)
 
-        gather = executor.submit(groups_of(tasks, cfg.call_size), sums, pace)
+        gather = executor.submit(groups_of(tasks, cfg.call_size), sums=sums, pace=pace)
     return Dispatched(rnd, selected, configured, driver, gather, held)
 
 
@@ -255,5 +256,5 @@ def run_round(
 ) -> RoundOutcome:
     """One synchronous round, evaluated (summed where its clients run, as `Synchronous` does);
     `virtual_time_s` is the clock before it starts."""
-    dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), fed.account.sums)
+    dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), sums=fed.account.sums)
     return evaluate(fed, settle_round(fed, state, dispatched, virtual_time_s))

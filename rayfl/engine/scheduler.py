@@ -55,7 +55,7 @@ class Synchronous:
         done: RoundOutcome | None = None
         sums = fed.account.sums  # a synchronous round takes every update: summed where it ran
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
-            next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries, sums)
+            next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries, sums=sums)
             if done is not None:
                 yield done
             done = replace(settle_round(fed, state, next_round, virtual_time_s), batteries=batteries.snapshot())

@@ -178,7 +178,7 @@ def flaky(ray_cluster, tmp_path):
 
 def test_a_group_whose_actor_dies_twice_runs_on_and_its_actor_rejoins(flaky):
     executor, groups, notes = flaky(doomed=[2], deaths=2)
-    out = executor.submit(groups, False)()
+    out = executor.submit(groups, sums=False)()
     assert out == [[0, 1], [2, 3], [4, 5]] and rounds_run_again(notes) == []
     executor.wait_until_up(executor.actors)  # the other may still be restarting when the groups are done
     assert executor.alive() == 2  # both actors answer again
@@ -186,14 +186,14 @@ def test_a_group_whose_actor_dies_twice_runs_on_and_its_actor_rejoins(flaky):
 
 def test_a_group_lost_three_times_fails_its_clients_under_the_failed_fraction(flaky):
     executor, groups, notes = flaky(doomed=[0], deaths=99)
-    out = executor.submit(groups, False)()
+    out = executor.submit(groups, sums=False)()
     assert out[1:] == [[2, 3], [4, 5]] and rounds_run_again(notes) == []  # 2 of 6 lost <= 0.5: recorded, not run again
     assert [(s.status, s.reason) for s in out[0].settled] == [("failed", "client actors died 3 times running it")] * 2
 
 
 def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     executor, groups, notes = flaky(doomed=[0, 2], deaths=3)  # 4 of 6 lost on the first run, then they pass
-    assert executor.submit(groups, False)() == [[0, 1], [2, 3], [4, 5]]
+    assert executor.submit(groups, sums=False)() == [[0, 1], [2, 3], [4, 5]]
     assert rounds_run_again(notes) == [
         "round 1: 4 of 6 clients lost to dying client actors (more than federation.max_failed_fraction = 0.5): "
         "running them again"
@@ -201,7 +201,7 @@ def test_a_round_that_loses_most_clients_runs_them_again_then_gives_up(flaky):
     executor, groups, notes = flaky(doomed=[4], deaths=99)
     executor.max_failed_fraction = 0.1
     with pytest.raises(ActorsLost, match=r"round 1: 2 of 6 clients lost to dying client actors in each of 3 runs"):
-        executor.submit(groups, False)()
+        executor.submit(groups, sums=False)()
     assert len(rounds_run_again(notes)) == 2
 
 
