@@ -61,6 +61,27 @@ class Lease:
     entries: list[Entry] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Lent:
+    """A pooled actor `Keeper.take` lends a run: its kind, name and handle, and whether it must be
+    reset before use (`dirty`: the run that had it last never handed it back)."""
+
+    kind: str
+    name: str
+    handle: Any
+    dirty: bool
+
+
+@dataclass(frozen=True)
+class Started:
+    """An actor a run started for the pool (it was short), joining the run's lease (`Keeper.join`):
+    by name, never by handle (`Keeper.join` says why), with the resources it holds."""
+
+    kind: str
+    name: str
+    resources: dict[str, float]
+
+
 @ray.remote(num_cpus=0, max_concurrency=8)
 class Keeper:
     """The pool's books: idle actors by kind, leases by id. A thread reclaims the actors of dead
@@ -77,11 +98,10 @@ class Keeper:
 
     def take(
         self, lease: str, who: tuple[str, str], run: str, idle_s: float, wants: dict[str, int]
-    ) -> tuple[str, list[tuple[str, str, Any, bool]]]:
+    ) -> tuple[str, list[Lent]]:
         """Up to `wants[kind]` idle actors of each kind, booked under `lease`; where the pool is
         short, idle actors of other kinds are sent away to free their resources. Returns the
-        run's key (`run`, with a suffix when a live lease has that name) and (kind, name, handle,
-        dirty) of each actor."""
+        run's key (`run`, with a suffix when a live lease has that name) and the actors lent."""
         with self.lock:
             self._reclaim()
             self._send_away(
@@ -98,11 +118,11 @@ class Keeper:
             key = run if all(held.run != run for held in self.leases.values()) else f"{run}-{secrets.token_hex(2)}"
             self.leases[lease] = Lease(who, key, idle_s, taken)
             self._write_books()
-            return key, [(e.kind, e.name, e.handle, e.dirty) for e in taken]
+            return key, [Lent(e.kind, e.name, e.handle, e.dirty) for e in taken]
 
-    def join(self, lease: str, entries: list[tuple[str, str, dict[str, float]]]) -> None:
-        """Actors the borrower started (the pool was short) join its lease, by (kind, name,
-        resources), each found by its name under the keeper's lock. Never passed as handles: the
+    def join(self, lease: str, entries: list[Started]) -> None:
+        """Actors the borrower started (the pool was short) join its lease, each found by its name
+        under the keeper's lock. Never passed as handles: the
         first handle of a class this process unpacks imports its module (torch, for a client
         actor), which on a loaded machine took longer than `ORPHAN_GRACE_S` before the method
         ran, while the reaper sent the new actors away as orphans. Under the lock the reaper
@@ -111,10 +131,10 @@ class Keeper:
             held = self.leases[lease]
             booked = {e.name for e in held.entries}  # a call asked again (the keeper restarting) joins nothing twice
             held.entries += [
-                Entry(kind, name, handle, resources, placed=False)
-                for kind, name, resources in entries
-                if name not in booked
-                for handle in found(name)
+                Entry(e.kind, e.name, handle, e.resources, placed=False)
+                for e in entries
+                if e.name not in booked
+                for handle in found(e.name)
             ]
             self._write_books()
 

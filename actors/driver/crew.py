@@ -23,6 +23,7 @@ from rayfl.config import ConfigError, RunConfig
 from .. import raystate
 from ..client import ClientActor
 from ..coordinator.actor import Coordinator
+from ..keeper import Lent, Started
 from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
 from . import pool
 from .follow import Cancelled
@@ -93,28 +94,29 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
 
 
 def completed(
-    config: RunConfig, taken: list, count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]
+    config: RunConfig, taken: list[Lent], count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]
 ) -> Crew:
     """The crew from the pool's actors `taken`, and new ones for what they lack (joined to the lease)."""
     kind_coordinator, kind_client = kinds
-    coordinator = [(name, handle, dirty) for kind, name, handle, dirty in taken if kind == kind_coordinator]
-    clients = [(name, handle, dirty) for kind, name, handle, dirty in taken if kind == kind_client]
-    if coordinator and coordinator[0][2]:
-        ray.get(coordinator[0][1].reset.remote())
-    ray.get([handle.reset.remote() for _, handle, was in clients if was])
-    new = []
+    coordinator = [lent for lent in taken if lent.kind == kind_coordinator]
+    clients = [lent for lent in taken if lent.kind == kind_client]
+    if coordinator and coordinator[0].dirty:
+        ray.get(coordinator[0].handle.reset.remote())
+    ray.get([lent.handle.reset.remote() for lent in clients if lent.dirty])
+    new: list[Started] = []
     if not coordinator:
         name = pooled_name("coordinator")
-        coordinator = [(name, Coordinator.options(**coordinator_options(config, name, pooled=True)).remote(), False)]
-        new.append((kind_coordinator, name, {}))
+        handle = Coordinator.options(**coordinator_options(config, name, pooled=True)).remote()
+        coordinator = [Lent(kind_coordinator, name, handle, dirty=False)]
+        new.append(Started(kind_coordinator, name, {}))
     fresh = [pooled_name("client") for _ in range(count - len(clients))]
     for name, handle in zip(fresh, create_client_actors(config, fresh, pooled=True)):
-        clients.append((name, handle, False))
-        new.append((kind_client, name, config.resources.each))
+        clients.append(Lent(kind_client, name, handle, dirty=False))
+        new.append(Started(kind_client, name, config.resources.each))
     if new:
         pool.ask(lambda k: k.join.remote(lease, new), keeper)
     crew = [*coordinator, *clients]
-    return Crew(coordinator[0][1], [h for _, h, _ in clients], [n for n, _, _ in crew], key, lease)
+    return Crew(coordinator[0].handle, [lent.handle for lent in clients], [lent.name for lent in crew], key, lease)
 
 
 def release(crew: Crew, timeout_s: float) -> None:
