@@ -256,8 +256,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.command == "up":
         with_dashboard = bool(args.dashboard or args.dashboard_port or args.env)
         record = head.up(args.num_cpus, args.num_gpus, with_dashboard, args.dashboard_port)
-        if args.env:  # the one line a shell evaluates
-            print(f"export RAY_AUTH_MODE=token RAY_API_SERVER_ADDRESS={head.dashboard(None)}")
+        if args.env:  # the one line a shell evaluates: this head's, whatever the shell holds now
+            if not record["dashboard"]:
+                raise ConfigError(
+                    "rayfl up --env: the head it keeps has no dashboard (rayfl down, then rayfl up --env)"
+                )
+            print(f"export RAY_AUTH_MODE=token RAY_API_SERVER_ADDRESS={record['dashboard']}")
             return 0
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
