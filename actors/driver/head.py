@@ -118,7 +118,7 @@ def on_the_kept_head(address: str | None) -> Iterator[None]:
     held = DRIVERS / str(os.getpid())
     DRIVERS.mkdir(parents=True, exist_ok=True)
     before = signal.signal(signal.SIGUSR1, stopping)
-    held.touch()
+    held.write_text(str(psutil.Process().create_time()))  # the pid's process is this one while they match
     try:
         yield
     finally:
@@ -134,10 +134,12 @@ def stop_runs(timeout_s: float = 120.0) -> None:
 
     running = []
     for held in DRIVERS.glob("*") if DRIVERS.is_dir() else ():
-        try:
+        try:  # never a signal to another process under a reused pid (SIGUSR1 would end it)
+            if held.read_text() != str(psutil.Process(int(held.name)).create_time()):
+                raise ProcessLookupError
             os.kill(int(held.name), signal.SIGUSR1)
             running.append(int(held.name))
-        except (ValueError, ProcessLookupError):
+        except (ValueError, OSError, psutil.Error):
             held.unlink(missing_ok=True)  # a run that ended without removing it
     deadline = time.monotonic() + timeout_s
     while running and time.monotonic() < deadline:
