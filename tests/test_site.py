@@ -1,6 +1,6 @@
 """The docs site as a reader sees it: every page of the built MkDocs site rendered by headless Chromium
 (Debian's `chromium`) at a laptop's width, and checked for lists run into the paragraph above them,
-tables past the window's right edge with no scroll container in it (their last columns out of reach), and paper
+tables and code lines wider than what shows them (past the window's edge, or behind a scroll bar), and paper
 pages without their result plots. Each page is served with a script that reads the rendered page
 and writes what it found into the DOM Chromium dumps. Skipped, saying so, without Chromium;
 `.ci/run` installs it."""
@@ -46,14 +46,15 @@ function check(doc) {  // after the page's load event: its images are in
   const runOn = [...article.querySelectorAll("p")].map(p => p.textContent)
       .filter(t => /\\n\\s*([-*+]|\\d+\\.)\\s+\\S/.test(t)).map(t => t.slice(0, 80));
   const view = doc.documentElement.clientWidth;
-  const unreachable = [...article.querySelectorAll("table")].filter(table => {
-    if (table.getBoundingClientRect().right <= view + 1) return false;
-    for (let e = table.parentElement; e && e !== doc.body; e = e.parentElement) {
-      const overflow = getComputedStyle(e).overflowX;
-      if ((overflow === "auto" || overflow === "scroll") && e.getBoundingClientRect().right <= view + 1) return false;
+  const clipped = e => {  // wider than what shows it: past the window, or behind a scroll bar
+    if (e.getBoundingClientRect().right > view + 1) return true;
+    for (let p = e; p && p !== doc.body; p = p.parentElement) {
+      if (p.scrollWidth > p.clientWidth + 1 && getComputedStyle(p).overflowX !== "visible") return true;
     }
-    return true;
-  }).map(t => t.textContent.trim().slice(0, 60));
+    return false;
+  };
+  const unreachable = [...article.querySelectorAll("table, pre > code")].filter(clipped)
+      .map(t => t.textContent.trim().slice(0, 60));
   const images = [...article.querySelectorAll("img")]
       .map(i => [i.getAttribute("src"), i.complete && i.naturalWidth > 0]);
   return {runOn, unreachable, images};
@@ -128,12 +129,16 @@ def test_every_paper_page_shows_its_result_plots(seen):
         assert images and all(shown for _, shown in images), (paper, images)
 
 
-def test_the_check_sees_a_run_on_list_a_table_out_of_reach_and_a_missing_plot(site):
+def test_the_check_sees_a_run_on_list_clipped_tables_and_code_and_a_missing_plot(site):
     out, url = site
     wide = "<tr>" + "".join(f"<td>column-{k}-{'x' * 30}</td>" for k in range(30)) + "</tr>"
+    scrolled = f'<div style="overflow-x: auto"><table>{wide.replace("column", "scrolled")}</table></div>'
     (out / "rayfl-bad.html").write_text(  # beside the site's pages, never one of them (`seen` reads index.html)
         "<html><body><article><p>What it shows:\n- a run-on item\n- another</p>"
-        f'<table>{wide}</table><img src="missing.png"></article></body></html>'
+        f"<table>{wide}</table>{scrolled}<pre><code>{'long-line ' * 300}</code></pre>"
+        '<img src="missing.png"></article></body></html>'
     )
     found = read(url, out, ["rayfl-bad.html"])["rayfl-bad.html"]
-    assert found["runOn"] and found["unreachable"] and found["images"] == [["missing.png", False]]
+    assert found["runOn"] and found["images"] == [["missing.png", False]]
+    # past the window, behind a scroll bar, a code line past the window
+    assert [t.split("-")[0] for t in found["unreachable"]] == ["column", "scrolled", "long"]
