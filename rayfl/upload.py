@@ -24,11 +24,15 @@ def upload_excludes(root: Path, limit: int = UPLOAD_LIMIT) -> list[str]:
     """`EXCLUDES` plus every file of the job's upload of `root` that alone is over `limit` (said in
     one line on stderr); `ConfigError`, one line naming the largest files and the limit, when the
     rest is still over it. The upload is what Ray packs: the files git does not ignore, tracked or
-    not (Ray honours `.gitignore`, which holds `EXCLUDES`; outside a git checkout, every file).
-    Measured before compression, so a working dir refused here is one the dashboard could refuse."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True
-    )
+    not (Ray honours `.gitignore`, which holds `EXCLUDES`; outside a git checkout or without git,
+    every file). Measured before compression, so a working dir refused here is one the dashboard
+    could refuse."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True
+        )
+    except OSError:  # no git on this machine: every file counts
+        listed = subprocess.CompletedProcess([], returncode=1)
     if listed.returncode == 0:
         files = [root / name for name in listed.stdout.decode().split("\0") if name]
     else:

@@ -70,7 +70,8 @@ def with_folder_labels(split: Any, config: DataConfig) -> Any:
     folders = [
         Path(image["path"]).parent for image in split.cast_column(f.image, datasets.Image(decode=False))[f.image]
     ]
-    if any(folder.resolve() == root.resolve() for folder in folders):  # an image outside every class folder
+    top = root.resolve()
+    if any(folder.resolve() == top for folder in set(folders)):  # an image outside every class folder
         return split
     return split.add_column(f.label, [folder.name for folder in folders])
 
