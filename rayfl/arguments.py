@@ -68,6 +68,12 @@ def add_cluster(sub: argparse._SubParsersAction) -> None:
         help="with the dashboard on 127.0.0.1:PORT (another free one if it is taken)",
     )
     up.add_argument(
+        "--node-ip-address",
+        metavar="ADDRESS",
+        help="open Ray's ports to the network, with this address of the host for the head (other nodes join it "
+        "there, with its token); default: they listen on 127.0.0.1 only",
+    )
+    up.add_argument(
         "--env",
         action="store_true",
         help='with the dashboard; print only the line that points Ray\'s job CLI at it (eval "$(rayfl up --env)"): '

@@ -210,10 +210,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from tune.run import run_experiment
+    from actors.driver.head import joining
     from tune.spec import load_experiment
 
     exp = load_experiment(args.tune, args.set)  # every search spec checked before Ray starts
+    joining(args.address or exp.base_config.ray.address)  # before Ray's import (a cluster of its own on the loopback)
+    from tune.run import run_experiment
+
     out = run_experiment(exp, resume=args.resume, address=args.address, verbose=args.verbose)
     table, best = out["table"], out["best"]
     metric = f"final_{exp.spec.metric}"
@@ -255,7 +258,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     if args.command == "up":
         with_dashboard = bool(args.dashboard or args.dashboard_port or args.env)
-        record = head.up(args.num_cpus, args.num_gpus, with_dashboard, args.dashboard_port)
+        record = head.up(
+            args.num_cpus, args.num_gpus, with_dashboard, args.dashboard_port, node_ip_address=args.node_ip_address
+        )
         if args.env:  # the one line a shell evaluates: this head's, whatever the shell holds now
             if not record["dashboard"]:
                 raise ConfigError(
@@ -265,6 +270,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             return 0
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
+        if args.node_ip_address:
+            print(
+                f"its ports are open to the network: other nodes join with RAY_AUTH_MODE=token, this host's token "
+                f"(ray get-auth-token) and: ray start --address {record['address']}"
+            )
         if record["dashboard"]:
             taken = args.dashboard_port and not record["dashboard"].endswith(f":{args.dashboard_port}")
             print(

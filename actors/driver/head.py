@@ -57,13 +57,25 @@ def kept() -> dict[str, Any] | None:
 
 def joining(address: str | None) -> str | None:
     """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the kept head's;
-    None: none. Joining the kept head, this process is set up for its token authentication
-    (call it before Ray's import)."""
+    None: none. Call it before Ray's import: joining the kept head, this process is set up for
+    its token authentication; joining none, for a cluster of its own on the loopback
+    (`LOOPBACK`)."""
     record = kept()
     address = address or os.environ.get("RAY_ADDRESS") or (record["address"] if record else None)
     if record is not None and address == record["address"]:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if address is None:
+        os.environ.setdefault(*LOOPBACK)
     return address
+
+
+LOOPBACK = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+"""Ray's switch for a cluster of one host, set for the clusters rayfl starts (a run's own, `rayfl
+up`'s without `--node-ip-address`) before Ray's import, which reads it: off, Ray takes the
+loopback as the node's address, and its GCS, raylet, agents, metrics export and workers listen on
+127.0.0.1 only. With Ray's default (on, outside Windows and macOS) they listen on every interface,
+and the metrics export answers anyone without a token (measured with Ray 2.60:
+`tests/actors/test_ports.py`). A value the user exported stays (docs/ray.md, "Clusters")."""
 
 
 def dashboard(address: str | None) -> str:
@@ -183,9 +195,12 @@ def up(
     dashboard: bool,
     dashboard_port: int | None = None,
     timeout_s: float = 120.0,
+    node_ip_address: str | None = None,
 ) -> dict[str, Any]:
     """Start the kept head (or return the one up); its record. Every port is a free one, the
     dashboard's `dashboard_port` when that one is free (a second head on the host takes another).
+    Ray's ports listen on the loopback (`LOOPBACK`), or, given `node_ip_address`, on the network
+    with that address for the head (other nodes join it there); the dashboard stays on 127.0.0.1.
 
     Its Ray temp folder is its own (`--temp-dir`, under `$RAY_TMPDIR` or /tmp as Ray's default
     is): Ray's job supervisor gives a job's entry point the address of the cluster named in its
@@ -196,6 +211,10 @@ def up(
     if record is not None:
         return record
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    if node_ip_address:
+        env[LOOPBACK[0]] = "1"
+    else:
+        env.setdefault(*LOOPBACK)
     token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
     if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
@@ -203,6 +222,8 @@ def up(
     temp_dir = tempfile.mkdtemp(prefix="rayfl-head-", dir=os.path.abspath(os.environ.get("RAY_TMPDIR") or "/tmp"))
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
     cmd += ["--temp-dir", temp_dir]
+    cmd += ["--node-ip-address", node_ip_address] if node_ip_address else []
+    host = f"[{node_ip_address}]" if node_ip_address and ":" in node_ip_address else node_ip_address or "127.0.0.1"
     cmd += ["--system-config", json.dumps(SYSTEM_CONFIG)]
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
@@ -213,7 +234,7 @@ def up(
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     record = {
-        "address": f"127.0.0.1:{port}",
+        "address": f"{host}:{port}",
         "pid": proc.pid,
         "dashboard": f"http://127.0.0.1:{dash}" if dashboard else None,
         "log": str(log),

@@ -20,6 +20,7 @@ from rayfl import api
 from rayfl.config.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import a_long_run, checkpoint_of, once_written
+from tests.actors.ports_drill import listening, loopback
 from tests.actors.test_ray_runner import tables
 
 pytestmark = pytest.mark.ray
@@ -167,7 +168,7 @@ def test_an_edited_checkout_never_borrows_actors_running_the_old_code(monkeypatc
 @pytest.mark.slow
 def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(ray_cluster, tmp_path):
     """Beside another Ray head on the host (this session's, on Ray's default agent ports): the kept
-    head takes free ports for every service, and takes runs and jobs. A run going on it when
+    head takes free ports for every service, all on the loopback, and takes runs and jobs. A run going on it when
     `rayfl down` stops it ends at once with the line that says how to resume.
 
     Issue (CI): a job submitted to the kept head ran its driver against the cluster of the host's
@@ -196,6 +197,9 @@ def test_rayfl_up_keeps_a_head_whose_pool_the_next_run_reuses_and_down_stops_it(
             status.stdout
         )
         pd.testing.assert_frame_equal(*(tables(tmp_path / name)[0] for name in ("first", "second")))
+        sockets = listening(record["pid"])  # the head's GCS, raylet, agents, dashboard, the pooled actors
+        assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}
+        assert [s for s in sockets if not loopback(s[0])] == []
         last_started = Path(env["RAY_TMPDIR"], "ray", "ray_current_cluster")  # ray start writes it once up
         last_started.parent.mkdir(exist_ok=True)
         last_started.write_text(f"127.0.0.1:{free_port()}")
