@@ -64,7 +64,7 @@ def joining(address: str | None) -> str | None:
     address = address or os.environ.get("RAY_ADDRESS") or (record["address"] if record else None)
     if record is not None and address == record["address"]:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if address is None:
+    if address is None and "ray" not in sys.modules:  # Ray reads it at its import: later, it would only reach children
         os.environ.setdefault(*LOOPBACK)
     return address
 
