@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from .arguments import build_parser
 from .config import ConfigError, shown
 
@@ -331,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.INFO)
     log.propagate = False
     try:
-        return COMMANDS[args.command](args)
+        with logging_redirect_tqdm(loggers=[log]):  # a notice on a line of its own, below a round bar
+            return COMMANDS[args.command](args)
     except ConfigError as exc:
         if args.debug:
             raise

@@ -117,14 +117,20 @@ def connect(address: str | None, dashboard: bool, verbose: bool = False) -> bool
 OWN_CLUSTER = {"prestart_worker_first_driver": False}
 """Ray's settings for a run's own local cluster besides `head.SYSTEM_CONFIG`: no idle worker
 processes started for the driver (Ray starts one a CPU; each imports Ray, about 0.7 CPU seconds
-measured on 2 cores). The run's actors start workers of their own, and a run that finishes in
-the driver (`launch.starts_actors`) starts none: those workers only slowed its rounds."""
+measured on 2 cores). The run's actors start workers of their own: those workers only slowed
+the rounds the driver runs while the actors come up."""
+
+
+def here() -> dict[str, float]:
+    """What a local cluster started here gets: this machine's CPUs and the GPUs torch sees
+    (CUDA_VISIBLE_DEVICES respected, as Ray does)."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
 
 
 def check_fits_here(config: RunConfig) -> None:
-    """A local cluster gets at most this machine's CPUs and the GPUs torch sees (CUDA_VISIBLE_DEVICES
-    respected, as Ray does): refuse before starting it. `auto` needs room for one actor."""
-    import torch
-
+    """Refuse a run whose actors a local cluster (`here`) cannot hold, before starting it. `auto`
+    needs room for one actor."""
     resources = config.resources
-    resources.check_fits(resources.fewest, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()})
+    resources.check_fits(resources.fewest, here())

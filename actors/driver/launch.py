@@ -9,9 +9,11 @@ import copy
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import psutil
 import ray
 
 from rayfl.config import ConfigError, RunConfig
@@ -19,8 +21,7 @@ from rayfl.engine import Federation, Paused, Progress, Start
 from rayfl.runner import run_in_process
 
 from ..coordinator.actor import Duty
-from ..coordinator.dashboard import DashboardMetrics
-from .cluster import check_fits_here, connect
+from .cluster import check_fits_here, connect, here
 from .crew import Crew, gather, release, wait_for_actors
 from .follow import Cancelled, ClusterGone, answer, follow
 from .head import HeadStopping
@@ -43,9 +44,9 @@ def launch(
     the coordinator to the end, give the actors back; the run's summary. Under
     `ray.start_in_process` (`starts_in_process`) the rounds begin in this process meanwhile and
     move onto the actors at the first round boundary after they answer (`hands_over`); a run
-    that ends first stops the cluster half started, and one on a local cluster of its own whose
-    rounds left take less than its actors' start starts none (`starts_actors`) and publishes its
-    rows on the dashboard's series itself. `phase(name)` marks the end of `ray_start`
+    that ends first stops the cluster half started, and one that would start a local cluster of
+    its own starts it only when the actors are expected to finish the rounds left sooner
+    (`outlook`), else it finishes here without Ray. `phase(name)` marks the end of `ray_start`
     (or of the rounds run here, `in_process`), `actors`, `rounds` and `shutdown`."""
     config = fed.config
     running = ray.is_initialized() or bool(address)
@@ -109,15 +110,65 @@ def starts_in_process(config: RunConfig, running: bool) -> bool:
 ACTOR_START_CPU_S = 3.0
 """CPU seconds an actor process takes to start (Python, torch, rayfl imported), measured on the
 2-core machine (docs/ray.md, "Rounds begun in the driver")."""
+RAY_START_CPU_S = 5.0
+"""CPU seconds a run's own local cluster takes to come up: Ray's import, its GCS, raylet,
+dashboard and agents (5-6 CPU seconds measured on the 2-core machine, 2026-11-28)."""
+ACTOR_ROUND_OVERHEAD = 0.2
+"""How much longer a round takes on the actors than the driver's pace split over them: the
+coordinator's calls and the sums' way back (the default run's 2 actors ran a round in 1.0 s
+against 1.7 s in the driver on 2 quiet cores; docs/ray.md)."""
+TIMED_ROUND_S = 2.0
+"""A first round at least this long is the pace; a shorter one may be mostly its one-time costs
+(the first batches, the model's first use), and the second round is timed instead."""
 
 
-def starts_actors(rounds_left: int, seconds_per_round: float, actors: int, cpus: float) -> bool:
-    """Whether a run begun in this process on a local cluster of its own starts its actors once
-    Ray is up: only when its rounds left, at this process's pace, outlast its actors' start
-    (`actors` client actors and the coordinator importing on the cluster's `cpus` but the one
-    this process's rounds take). A run shorter than that would only be slowed down by them (they
-    share its cores) and finishes here."""
-    return rounds_left * seconds_per_round > ACTOR_START_CPU_S * (actors + 1) / max(1.0, cpus - 1)
+@dataclass(frozen=True)
+class Outlook:
+    """Where a run begun in this process on a local cluster of its own is expected to finish its
+    `rounds_left` sooner (`outlook`): here, in `here_s` seconds, or on `actors` client actors in
+    `actors_s` seconds, their start included, with `free_cpus` of the machine's `cpus` free of
+    other work."""
+
+    rounds_left: int
+    here_s: float
+    actors_s: float
+    actors: int
+    free_cpus: float
+    cpus: float
+
+    @property
+    def moves(self) -> bool:
+        return self.actors_s < self.here_s
+
+    def line(self) -> str:
+        """The one line that says which was chosen and why."""
+        why = (
+            f"its {self.rounds_left} rounds left take about {self.here_s:.0f} s here, about {self.actors_s:.0f} s "
+            f"on {self.actors} actors with their start ({self.free_cpus:.1f} of {self.cpus:g} cores free of other work)"
+        )
+        if self.moves:
+            return f"the run moves onto its actors once they are up: {why}"
+        return f"the run finishes in this process, no Ray cluster started: {why}"
+
+
+def outlook(rounds_left: int, seconds_per_round: float, actors: int, free_cpus: float, cpus: float) -> Outlook:
+    """A run's `Outlook` from the driver's pace and the cores free of other work (both measured
+    over the same round). The start (Ray's, then the coordinator's and each client actor's) runs
+    on the free cores but the one the driver's rounds take (half of one when there are none), the
+    rounds going on meanwhile; then each round takes the driver's pace split over as many actors as
+    free cores hold, `ACTOR_ROUND_OVERHEAD` more. With one core free or none, the actors never run
+    a round faster than the driver, and the run stays here."""
+    start = (RAY_START_CPU_S + ACTOR_START_CPU_S * (actors + 1)) / max(free_cpus - 1.0, 0.5)
+    each = seconds_per_round * (1.0 + ACTOR_ROUND_OVERHEAD) / max(1.0, min(actors, free_cpus))
+    after = max(0.0, rounds_left - start / seconds_per_round)  # the rounds left once the actors answer
+    return Outlook(rounds_left, rounds_left * seconds_per_round, start + after * each, actors, free_cpus, cpus)
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(CPU seconds every core has been busy since boot, of them this process's): their change
+    over a round is the load of other work during it."""
+    machine, mine = psutil.cpu_times(), psutil.Process().cpu_times()
+    return sum(machine) - machine.idle - getattr(machine, "iowait", 0.0), mine.user + mine.system
 
 
 def hands_over(round: int, ready: bool) -> bool:
@@ -141,46 +192,30 @@ class BringUp(threading.Thread):
         self.fed, self.run_dir, self.run_id, self.address, self.pooled = fed, run_dir, run_id, address, pooled
         self.own = own  # a local cluster of the run's own: no actor of it is up yet
         self.connected, self.gone = False, False
-        self.stays = False  # the run begun here finishes here: no actor starts (`starts_actors`)
+        self.stays = False  # the run begun here finishes here: Ray never starts (`outlook`)
         self.crew: Crew | None = None
         self.duty: Duty | None = None
         self.error: BaseException | None = None
         self.done, self.cancelled, self.leave = threading.Event(), threading.Event(), threading.Event()
         self.wanted = threading.Event()  # the run begun here waits for its actors
-        self.rows: list[Mapping[str, Any]] = []  # the rows of the rounds begun here
-        self.times: list[float] = []  # when each was passed on
-        self.passed = threading.Condition()  # one more was
+        self.rounds: list[tuple[float, tuple[float, float]]] = []  # when each round begun here ended, `busy_seconds`
+        self.passed = threading.Condition()  # one more did
         self.left = 0  # rounds the run had left when they began here
-        self.series: DashboardMetrics | None = None
-        self.published, self.wall_time_s = 0, 0.0
 
     def begin(self, start: Start, progress: Progress | None) -> Progress:
         """The rounds begin in this process from `start`: the progress callback that passes their
-        rows on to `progress`, counts them (this process's pace) and, when the run stays here,
-        publishes them on the dashboard's series, as the coordinator does for its rounds."""
+        rows on to `progress` and times them (this process's pace, the load of other work)."""
         self.left = self.fed.config.federation.rounds - start.state.round
-        recorded = start.recorder.rounds
-        self.wall_time_s = recorded[-1]["wall_time_s"] if recorded else 0.0  # a resumed run's published already
+        self.rounds.append((time.monotonic(), busy_seconds()))  # the first begins now
 
         def seen(row: Mapping[str, Any]) -> None:
             with self.passed:
-                self.times.append(time.monotonic())
-                self.rows.append(row)
+                self.rounds.append((time.monotonic(), busy_seconds()))
                 self.passed.notify_all()
-            if self.stays:
-                self.publish()
             if progress is not None:
                 progress(row)
 
         return seen
-
-    def publish(self) -> None:
-        """The rows not published yet, on the dashboard's series (in the run's thread)."""
-        if self.series is None:
-            self.series = DashboardMetrics(self.run_id, self.fed.config.algorithm.name, self.wall_time_s)
-        for row in self.rows[self.published :]:
-            self.series.record(row, 0)
-        self.published = len(self.rows)
 
     def moves(self, round: int) -> bool:
         """Whether the run begun here moves onto the actors after `round` (`hands_over`): not when
@@ -189,50 +224,43 @@ class BringUp(threading.Thread):
 
     def ended_here(self) -> None:
         """The rounds begun here ended the run: once whether it stays is decided (on its own
-        cluster; `close` waits for Ray's start anyway), the rows not published yet are."""
+        cluster; `close` waits for Ray's start anyway)."""
         if self.own:
             self.done.wait()
-        if self.stays:
-            self.publish()  # those before the decision (after the last round, say)
 
     def _stays(self) -> bool:
-        """Whether the run begun here finishes here (`starts_actors`), decided once Ray is up from
-        the pace of the first round this process began after that (the rounds during Ray's start
-        run at half the pace or less, measured); the actors start sooner when the round going on
-        has run long enough since Ray came up to say so. Logs why the run stays."""
-        whole = ray.cluster_resources()  # the run's own: all of it free for its actors
-        actors, cpus = self.fed.config.resources.count(whole), whole.get("CPU", 1.0)
-        up = time.monotonic()
-        timed = len(self.rows) + 2  # the round going on now, then one begun with Ray up
+        """Whether the run begun here finishes here, decided before Ray starts (`outlook`) on the
+        first round, or the second when the first took less than `TIMED_ROUND_S`; logs which and
+        why. A run whose rounds end before that stays (and says nothing)."""
         with self.passed:
-            while len(self.rows) < min(timed, self.left):
+            while True:
                 if self.wanted.is_set():  # moved all the same (the tests move at a round of their choice)
-                    return False
-                going = time.monotonic() - max(up, self.times[-1] if self.times else up)  # at least its pace
-                if starts_actors(self.left - len(self.rows) - 1, going, actors, cpus):
                     return False
                 if self.cancelled.is_set():
                     raise Cancelled()
+                ended = len(self.rounds) - 1
+                if ended >= self.left:
+                    return True
+                if ended == 2 or ended == 1 and self.rounds[1][0] - self.rounds[0][0] >= TIMED_ROUND_S:
+                    break
                 self.passed.wait(0.05)
-        if timed >= self.left:
-            return True  # the rounds are over before one was timed: the run ends here
-        left, pace = self.left - timed, self.times[timed - 1] - self.times[timed - 2]
-        if starts_actors(left, pace, actors, cpus):
-            return False
-        log.info(
-            f"the run finishes in this process: its {left} rounds left take about {left * pace:.0f} s here, less "
-            "than its actors' start"
-        )
-        return True
+        (began, (busy0, mine0)), (now, (busy1, mine1)) = self.rounds[ended - 1], self.rounds[ended]
+        pace = max(now - began, 1e-6)
+        machine = here()
+        cpus = machine["CPU"]
+        free = min(cpus, max(0.0, cpus - (busy1 - busy0 - (mine1 - mine0)) / pace))
+        seen = outlook(self.left - ended, pace, self.fed.config.resources.count(machine), free, cpus)
+        log.info(seen.line())
+        return not seen.moves
 
     def run(self, phase: Callable[[str], None] = lambda name: None) -> None:
         config = self.fed.config
         try:
-            self.connected = connect(self.address, config.ray.dashboard)
-            phase("ray_start")
-            self._cancelled()
             self.stays = self.own and threading.current_thread() is self and self._stays()  # beside the rounds
             if not self.stays:
+                self.connected = connect(self.address, config.ray.dashboard)
+                phase("ray_start")
+                self._cancelled()
                 self.crew = gather(config, self.run_id, self.pooled)
                 self._cancelled()
                 self.duty = Duty([ray.put(self.fed)], self.crew.clients, str(self.run_dir), self.crew.key)

@@ -50,10 +50,12 @@ def main(phase: str, run_dir: str) -> int:
             interrupt()
 
     launch.connect = connecting
+    # Ray and the actors start after round 1, though a run this short would finish here
+    launch.TIMED_ROUND_S, launch.outlook = 0.0, lambda *args: launch.Outlook(4, 1.0, 0.0, 1, 2.0, 2.0)
     if phase == "starting":
         launch.run_in_process = interrupted_at_round_one
-    else:  # the actors start, though a run this short would finish here
-        launch.starts_actors, launch.hands_over = lambda *args: True, lambda round, ready: round == 2
+    else:
+        launch.hands_over = lambda round, ready: round == 2
     if phase == "moving":
         launch.BringUp.check = interrupted_check
     if phase == "moved":

@@ -92,69 +92,76 @@ def test_a_run_begun_in_process_ends_with_the_tables_of_the_run_in_process(
         pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
-@pytest.mark.parametrize("rounds", [4, 1], ids=["decided-after-round-2", "over-before-a-round-was-timed"])
-def test_a_run_on_its_own_cluster_whose_rounds_left_take_less_than_its_actors_start_finishes_here(
-    ray_cluster, references, tmp_path, monkeypatch, info_notes, rounds
+@pytest.mark.parametrize("moves", [False, True], ids=["stays", "moves"])
+def test_a_run_on_its_own_cluster_decides_before_ray_starts_where_it_finishes(
+    ray_cluster, references, tmp_path, monkeypatch, info_notes, moves
 ):
-    """No actor starts (`starts_actors`, decided on the pace of the first round begun with Ray
-    up: here the second, the session's cluster being up at once), and this process publishes
-    every row on the dashboard's series once, in order, as the coordinator would have: those
-    before the decision with the next row, the later ones as they come, those of a run that
-    ended before the decision at its end."""
-    init, made = launch.BringUp.__init__, []
-    monkeypatch.setattr(
-        launch.BringUp, "__init__", lambda self, *a, **k: made.append(self) or init(self, *a, **{**k, "own": True})
+    """The decision (`outlook`) comes after round 2 (round 1 is short), before Ray's start: the
+    rounds left, the driver's pace over round 2, the actors the machine holds, its free cores. A
+    run that stays starts no cluster and equals the run in process; one that moves starts Ray
+    then and ends with the same tables. One line says which, and why."""
+    init = launch.BringUp.__init__
+    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
+    asked, connected = [], []
+    real_outlook, real_connect = launch.outlook, launch.connect
+
+    def outlook(*args):
+        asked.append(args)
+        seen = real_outlook(*args)
+        return dataclasses.replace(seen, actors_s=seen.here_s / 2 if moves else seen.here_s * 2)
+
+    monkeypatch.setattr(launch, "outlook", outlook)
+    monkeypatch.setattr(launch, "connect", lambda *args: connected.append(args) or real_connect(*args))
+    monkeypatch.setattr(launch, "TIMED_ROUND_S", 60.0)  # round 1 never long enough: round 2 is timed
+    cfg = load_config(None, [*SMALL, "ray.start_in_process=true"])
+    api.run(cfg, tmp_path / "run")
+    [(rounds_left, pace, actors, free, cpus)] = asked
+    assert (
+        rounds_left == 2 and 0 < pace < 60 and actors == min(4, os.cpu_count()) and 0 <= free <= cpus == os.cpu_count()
     )
-    asked, events = [], []
-    monkeypatch.setattr(launch, "starts_actors", lambda *args: asked.append(args) or False)
-    monkeypatch.setattr(launch, "gather", lambda *args: pytest.fail("an actor was asked for"))
-
-    class Series:
-        def __init__(self, run_id, algorithm, wall_time_s=0.0):
-            assert (run_id, algorithm, wall_time_s) == ("run", "fedavg", 0.0)
-
-        def record(self, row, actors_alive):
-            events.append(("published", row["round"], actors_alive))
-
-    monkeypatch.setattr(launch, "DashboardMetrics", Series)
-    timings = {}
-    cfg = load_config(None, [*SMALL, "ray.start_in_process=true", f"federation.rounds={rounds}"])
-
-    def progress(row):
-        events.append(("row", row["round"]))
-        if row["round"] == 2:  # round 3 waits for the decision (however slow the machine)
-            assert made[0].done.wait(60)
-
-    api.run(cfg, tmp_path / "run", progress=progress, timings=timings)
-    stays = [n for n in info_notes if "finishes in this process" in n]
-    if rounds == 4:
-        rounds_left, seconds_per_round, _, cpus = asked[-1]  # the decision (earlier calls: while round 2 ran)
-        assert rounds_left == 2 and seconds_per_round > 0 and cpus == 2  # rounds 3-4 left, the session's cluster
-        assert events == [
-            ("row", 1),
-            ("row", 2),
-            *(("published", r, 0) for r in (1, 2, 3)),
-            ("row", 3),
-            ("published", 4, 0),
-            ("row", 4),
-        ]
-        assert len(stays) == 1 and stays[0].startswith("the run finishes in this process: its 2 rounds left take")
-    else:
-        assert events == [("row", 1), ("published", 1, 0)] and stays == []
-    assert "rounds" not in timings  # the actors never ran a round
-    if rounds == 4:
-        for got, want in zip(tables(tmp_path / "run"), references["fedavg"]):
-            pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert len(connected) == moves  # Ray started only for the actors
+    said = [n for n in info_notes if n.startswith("the run ")]
+    assert said[0].startswith(
+        "the run moves onto its actors once they are up: its 2 rounds left take about"
+        if moves
+        else "the run finishes in this process, no Ray cluster started: its 2 rounds left take about"
+    ), said
+    for got, want in zip(tables(tmp_path / "run"), references["fedavg"]):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
-def test_the_actors_start_when_the_rounds_left_outlast_their_start():
-    """3 CPU seconds per actor process (the coordinator and the clients), on the CPUs the
-    driver's rounds leave: 2 clients on 2 CPUs start in 9 s, on 16 CPUs in 0.6 s."""
-    assert not launch.starts_actors(20, 0.35, 2, 2.0)  # 7 s of rounds left
-    assert launch.starts_actors(30, 0.35, 2, 2.0)  # 10.5 s
-    assert launch.starts_actors(20, 0.35, 2, 16.0)
-    assert not launch.starts_actors(1, 0.5, 2, 16.0)
-    assert not launch.starts_actors(8, 1.0, 2, 1.0)  # one CPU: the driver's, shared
+def test_a_run_over_before_its_pace_is_timed_starts_no_cluster(tmp_path, monkeypatch, info_notes):
+    init = launch.BringUp.__init__
+    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
+    monkeypatch.setattr(launch, "connect", lambda *args: pytest.fail("Ray was started"))
+    monkeypatch.setattr(launch, "TIMED_ROUND_S", 60.0)
+    cfg = load_config(None, [*SMALL, "federation.rounds=2", "ray.start_in_process=true"])
+    api.run(cfg, tmp_path / "run")
+    assert len(pd.read_parquet(tmp_path / "run" / "metrics.parquet")) == 2
+    assert not [n for n in info_notes if n.startswith("the run ")]
+
+
+def test_the_actors_start_only_when_they_finish_the_rounds_left_sooner():
+    """`outlook` by hand: Ray's start 5 CPU seconds, each actor process's 3 (the coordinator and
+    the clients), on the free cores but the driver's (half of one when none is); then the pace
+    split over the actors the free cores hold, 20% more."""
+    # the reference workload, 2 quiet cores: the start alone (14 s on 1 core) outlasts 28 x 0.27 s
+    quiet = launch.outlook(28, 0.27, 2, 2.0, 2.0)
+    assert not quiet.moves and quiet.here_s == pytest.approx(7.56) and quiet.actors_s == pytest.approx(14.0)
+    # the default run (1 s rounds): 14 rounds here while they start, then 14 x 0.6 s
+    default = launch.outlook(28, 1.0, 2, 2.0, 2.0)
+    assert default.moves and default.actors_s == pytest.approx(14.0 + 14 * 0.6)
+    # one core busy with other work: the start on half a core, then 1.2 s a round, however long the run
+    for rounds in (28, 1000):
+        busy = launch.outlook(rounds, 1.0, 2, 1.0, 2.0)
+        assert not busy.moves and busy.actors_s == pytest.approx(28.0 + max(0, rounds - 28) * 1.2)
+    # 16 quiet cores, 8 actors: the start in 32 / 15 s, then 1.2 / 8 s a round
+    wide = launch.outlook(100, 1.0, 8, 16.0, 16.0)
+    assert wide.moves and wide.actors_s == pytest.approx(32 / 15 + (100 - 32 / 15) * 0.15)
+    assert quiet.line() == (
+        "the run finishes in this process, no Ray cluster started: its 28 rounds left take about 8 s here, about "
+        "14 s on 2 actors with their start (2.0 of 2 cores free of other work)"
+    )
 
 
 def test_a_resume_from_a_checkpoint_written_before_the_move_equals_the_undisturbed_run(
