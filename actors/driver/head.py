@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import psutil
 
@@ -211,19 +211,12 @@ def up(
     if record is not None:
         return record
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    if node_ip_address:
-        env[LOOPBACK[0]] = "1"
-    else:
-        env.setdefault(*LOOPBACK)
-    token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
-    if not os.environ.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
-        subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    where, host = listens_on(node_ip_address, env)
+    with_token(env)
     port, dash = free_port(), free_port(dashboard_port or 0)
     temp_dir = tempfile.mkdtemp(prefix="rayfl-head-", dir=os.path.abspath(os.environ.get("RAY_TMPDIR") or "/tmp"))
     cmd = [ray_cli(), "start", "--head", "--block", "--port", str(port), "--disable-usage-stats"]  # as kept() reads it
-    cmd += ["--temp-dir", temp_dir]
-    cmd += ["--node-ip-address", node_ip_address] if node_ip_address else []
-    host = f"[{node_ip_address}]" if node_ip_address and ":" in node_ip_address else node_ip_address or "127.0.0.1"
+    cmd += ["--temp-dir", temp_dir, *where]
     cmd += ["--system-config", json.dumps(SYSTEM_CONFIG)]
     cmd += [f"--include-dashboard={str(dashboard).lower()}", *(f"--{flag}={free_port()}" for flag in SERVICES)]
     cmd += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash)] if dashboard else []
@@ -252,6 +245,26 @@ def up(
         time.sleep(0.2)
     RECORD.write_text(json.dumps(record))
     return record
+
+
+def listens_on(node_ip_address: str | None, env: dict[str, str]) -> tuple[list[str], str]:
+    """Where the head listens, set in its `env`: on the loopback (`LOOPBACK`, unless the user
+    exported the switch), or on the network with `node_ip_address`. Returns `ray start`'s arguments
+    for it and the head's host as an address names it."""
+    if not node_ip_address:
+        env.setdefault(*LOOPBACK)
+        return [], "127.0.0.1"
+    env[LOOPBACK[0]] = "1"
+    return ["--node-ip-address", node_ip_address], f"[{node_ip_address}]" if ":" in node_ip_address else node_ip_address
+
+
+def with_token(env: Mapping[str, str]) -> None:
+    """A token for the head's authentication where Ray looks for one ($RAY_AUTH_TOKEN, the file at
+    $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token): Ray's `get-auth-token --generate` writes the file
+    when there is none."""
+    token = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    if not env.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
+        subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=dict(env), check=True, capture_output=True)
 
 
 def answers(port: int, dashboard: str | None) -> bool:
