@@ -88,8 +88,12 @@ def draw(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     runs = [label for label in METHODS if any(r["run"] == label and r["curves"] for r in rows)]
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), sharey=True, squeeze=False)
-    for ax, label in zip(axes[0], runs):
+    cols = min(2, len(runs))  # two panels a row: readable at a page's width
+    grid = (math.ceil(len(runs) / cols), cols)
+    fig, axes = plt.subplots(*grid, figsize=(5 * cols, 3.6 * grid[0]), sharey=True, squeeze=False)
+    for ax in axes.flat[len(runs) :]:
+        ax.set_visible(False)
+    for ax, label in zip(axes.flat, runs):
         rs = [r for r in rows if r["run"] == label]
         for child, colour in zip(CHILDREN, ("C0", "C1", "C2")):
             for r in rs:
@@ -103,7 +107,8 @@ def draw(rows: list[dict], path: str) -> None:
         ax.set_title(label)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
+    for row in axes:
+        row[0].set_ylabel("test accuracy")
     axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
