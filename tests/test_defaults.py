@@ -33,7 +33,7 @@ LEARNERS = sorted(set(registry.builtin()) - STALLS)
 
 
 def test_every_algorithm_rayfl_list_shows_is_tested_or_a_documented_stall():
-    assert len(LEARNERS) == 26 and set(LEARNERS) | STALLS == set(ALGORITHMS)
+    assert LEARNERS and set(LEARNERS) | STALLS == set(ALGORITHMS)
 
 
 def run_named(name: str, rounds: int, tmp_path, progress=None, every: int | None = None) -> tuple[dict, pd.DataFrame]:

@@ -1,6 +1,7 @@
 """A user's day: config paths relative to their file, Tune's scheduler fitted to the rounds, the
 catalog without torch, did-you-mean, default profiles and the collapse warning, URI RUN_DIRs."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,11 +80,20 @@ def test_the_catalog_lists_every_registered_name_and_only_those():
     assert catalog.ALGORITHMS == {name: a.summary for name, a in registry.builtin().items()}, (
         "python -m rayfl.algorithms"
     )
-    assert len(registry.builtin()) == 27 and set(catalog.ALGORITHMS) <= set(registry.algorithms())
+    assert set(catalog.ALGORITHMS) <= set(registry.algorithms())
     assert set(catalog.DATASETS) == set(sources())
     assert set(catalog.MODELS) == set(families())
     with pytest.raises(ValueError, match="not in rayfl/catalog.py"):
         catalog.summary(catalog.DATASETS, "dataset", "unknown")
+
+
+def test_the_algorithms_page_has_a_row_for_every_built_in_algorithm_and_only_those():
+    table = (
+        (Path(__file__).resolve().parent.parent / "docs" / "algorithms.md").read_text().split("\n## ")[0].splitlines()
+    )
+    first = [line.split("|")[1] for line in table if line.startswith("| `")]
+    named = {name for cell in first for name in re.findall(r"`([a-z0-9_]+)`", cell)}
+    assert named == set(registry.builtin())
 
 
 def test_rayfl_list_imports_no_torch_and_aligns_its_columns():
