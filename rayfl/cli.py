@@ -268,7 +268,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                 raise ConfigError(
                     "rayfl up --env: the head it keeps has no dashboard (rayfl down, then rayfl up --env)"
                 )
-            print(f"export RAY_AUTH_MODE=token RAY_API_SERVER_ADDRESS={record['dashboard']}")
+            print(head.shell_exports(record))
             return 0
         joined = "rayfl run and tune join it (warm actors) until: rayfl down"
         print(f"rayfl: a local Ray head is up at {record['address']}; {joined}")
@@ -285,8 +285,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             )
             print("the browser asks for a token: paste the output of: ray get-auth-token")
         print(
-            "for Ray's own CLI in your shell: export RAY_AUTH_MODE=token, and give it the address "
-            f'(ray status --address {record["address"]}; its job CLI: eval "$(rayfl up --env)")'
+            'for Ray\'s own CLI in your shell: eval "$(rayfl up --env)", then '
+            f"ray status --address {record['address']}, ray job submit ..."
         )
     elif args.command == "down":
         print("rayfl: the local head is down" if head.down() else "rayfl: no local head was up")

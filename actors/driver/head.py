@@ -58,13 +58,17 @@ def kept() -> dict[str, Any] | None:
 def joining(address: str | None) -> str | None:
     """The running cluster a run joins: `address`, else $RAY_ADDRESS, else the kept head's;
     None: none. Call it before Ray's import: joining the kept head, this process is set up for
-    its token authentication; joining none, for a cluster of its own on the loopback
-    (`LOOPBACK`)."""
+    its token authentication; joining none (a cluster of its own) or the kept head on the
+    loopback, for a cluster on the loopback (`LOOPBACK`: without it, Ray takes this host's network
+    address for the head's 127.0.0.1, and a driver of the kept head waited for a GCS that does not
+    listen there)."""
     record = kept()
     address = address or os.environ.get("RAY_ADDRESS") or (record["address"] if record else None)
-    if record is not None and address == record["address"]:
+    kept_head = record is not None and address == record["address"]
+    if kept_head:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if address is None and "ray" not in sys.modules:  # Ray reads it at its import: later, it would only reach children
+    on_loopback = address is None or kept_head and address.startswith("127.0.0.1:")
+    if on_loopback and "ray" not in sys.modules:  # Ray reads it at its import: later, it would only reach children
         os.environ.setdefault(*LOOPBACK)
     return address
 
@@ -76,6 +80,15 @@ loopback as the node's address, and its GCS, raylet, agents, metrics export and 
 127.0.0.1 only. With Ray's default (on, outside Windows and macOS) they listen on every interface,
 and the metrics export answers anyone without a token (measured with Ray 2.60:
 `tests/actors/test_ports.py`). A value the user exported stays (docs/ray.md, "Clusters")."""
+
+
+def shell_exports(record: dict[str, Any]) -> str:
+    """The line a shell evaluates for Ray's own CLI on the kept head (`rayfl up --env`): token
+    authentication, the dashboard for its job CLI, and for a head on the loopback Ray's switch for
+    one host (`LOOPBACK`), without which `ray status` looks for the head at the host's network
+    address."""
+    one_host = f" {LOOPBACK[0]}={LOOPBACK[1]}" if record["address"].startswith("127.0.0.1:") else ""
+    return f"export RAY_AUTH_MODE=token RAY_API_SERVER_ADDRESS={record['dashboard']}{one_host}"
 
 
 def dashboard(address: str | None) -> str:
