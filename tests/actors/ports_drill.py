@@ -3,7 +3,9 @@
 A `rayfl run` of 3 rounds (the mlp, 2 client actors, the dashboard on) that starts its own
 cluster and waits for its actors. At the first round the coordinator reports, it waits (at most
 2 minutes: Ray starts its agents in the background) until the metrics export answers `GET
-/metrics` on 127.0.0.1, then prints one JSON object: `sockets`, every listening TCP socket of its
+/metrics` on 127.0.0.1 and the client actors' sockets are listed (`psutil.net_connections`
+missed both actors' once, on a busy machine), then prints one JSON object (`last`: the last
+listing, whether or not it got that far): `sockets`, every listening TCP socket of its
 process tree (GCS, raylet, agents, dashboard, metrics export, the actors' workers) as `[ip, port,
 process name]`; `network`, this host's IPv4 addresses other than the loopback; `reached`, those
 of them on which the metrics export's port took a connection. `tests/actors/test_ports.py` runs
@@ -76,10 +78,11 @@ def main(run_dir: str) -> int:
 
     def progress(row):
         deadline = time.monotonic() + 120
-        while not seen and time.monotonic() < deadline:
-            sockets = listening(os.getpid())
+        while "sockets" not in seen and time.monotonic() < deadline:
+            sockets = listening(os.getpid())  # a listing may miss a process whose files change under it: again
+            seen["last"] = sockets
             port = metrics_export(sockets)
-            if port is not None:
+            if port is not None and any(name.startswith("ray::ClientActor") for _, _, name in sockets):
                 network = [
                     a.address for nic in psutil.net_if_addrs().values() for a in nic if a.family == socket.AF_INET
                 ]
