@@ -93,6 +93,7 @@ def test_prometheus_scrapes_every_rayfl_series_of_a_run_in_progress(tmp_path):
     ]
     sets += ["federation.mode=deadline", "federation.deadline.over_selection=0.5", "federation.deadline.late=carry"]
     sets += ["ray.num_actors=2", "ray.cpus_per_actor=0.5", "metrics.tensorboard=false"]
+    sets += ["ray.start_in_process=false"]  # on Ray whatever the load (a busy machine keeps a short run in the driver)
     prom_log, run_log = (
         open(tmp_path / "prometheus.log", "w"),
         open(tmp_path / "run.err", "w"),
