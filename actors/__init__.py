@@ -1,8 +1,9 @@
 """Ray hosts of the core, cut by the process each module runs in (`tests/test_imports.py` checks it):
 
 - the driver's (`driver/`): which cluster a run joins (`cluster`), the run's actors started or
-  borrowed and given back (`launch`), following its rounds (`follow`), the warm pool's commands
-  (`pool`), the local head `rayfl up` keeps (`head`);
+  borrowed and given back (`launch`, `crew`), the rounds begun in the driver and their hand-over
+  (`handover`), following its rounds (`follow`), the warm pool's commands (`pool`), the local
+  head `rayfl up` keeps (`head`);
 - the coordinator actor's (`coordinator/`): the actor (`actor`), the Ray executor over the client
   actors (`executor`), the dashboard's series (`dashboard`);
 - a client actor's (`client`);

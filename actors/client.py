@@ -21,6 +21,8 @@ from rayfl.algorithms.exchange import invoke
 from rayfl.algorithms.messages import ClientResult, ClientTask
 from rayfl.types import Weights
 
+from .names import FederationRef
+
 
 @ray.remote
 class ClientActor:
@@ -52,34 +54,34 @@ class ClientActor:
         gc.freeze()  # what outlives a run (modules, caches) is not scanned again: the next reset takes milliseconds
         return True
 
-    def hosting(self, federation_box: list) -> Any:
-        """The `ClientRunner` of the federation in the box (read from the object store on the
-        run's first task, and again by an actor that restarted; a task of another run, queued
-        behind a reset, hosts its own)."""
-        if self.hosted != federation_box[0].hex():
+    def hosting(self, federation: FederationRef) -> Any:
+        """The `ClientRunner` of the run's `federation` (read from the object store on the run's
+        first task, and again by an actor that restarted; a task of another run, queued behind a
+        reset, hosts its own)."""
+        if self.hosted != federation.key():
             from rayfl.engine import ClientRunner
 
-            fed = ray.get(federation_box[0])
+            fed = ray.get(federation.ref)
             self.runner = ClientRunner.of(fed, self.device, self.memory_share)
-            self.account, self.model, self.hosted = fed.account, fed.policy.global_model(), federation_box[0].hex()
+            self.account, self.model, self.hosted = fed.account, fed.policy.global_model(), federation.key()
         return self.runner
 
-    def warm(self, federation_box: list) -> dict[str, Any]:
+    def warm(self, federation: FederationRef) -> dict[str, Any]:
         """Ready for the first round: the federation read and a throwaway copy of the global
         model taken once through a forward, backward and optimizer step (torch's lazy first-call
         set-up, its optimizers' import of torch._dynamo included). Returns `info()`."""
-        runner = self.hosting(federation_box)
+        runner = self.hosting(federation)
         model = runner.context.models.build(self.model).train()
         model(torch.zeros(2, *runner.clients.input_shape, device=self.device)).sum().backward()
         torch.optim.SGD(model.parameters(), lr=0.0).step()
         return self.info()
 
-    def run_group(self, federation_box: list, tasks: list[ClientTask], weight_refs: list, sums: bool) -> Any:
+    def run_group(self, federation: FederationRef, tasks: list[ClientTask], weight_refs: list, *, sums: bool) -> Any:
         """Train a group of tasks (the core's `run_group`, summed here with `sums`); the round's
         weights arrive as object references, one per task (the same few shared by all), read zero-copy."""
         from rayfl.engine import run_group
 
-        runner = self.hosting(federation_box)
+        runner = self.hosting(federation)
         distinct = list(dict.fromkeys(weight_refs))  # one dict per distinct weights: it crosses to the device once
         weights = dict(zip(distinct, ray.get(distinct)))
         tasks = [dataclasses.replace(t, weights=weights[r]) for t, r in zip(tasks, weight_refs)]
@@ -91,8 +93,8 @@ class ClientActor:
 
     # A server-in-the-loop round: a client's session stays on this actor for the round.
 
-    def open_session(self, federation_box: list, task: ClientTask, weights: Weights) -> None:
-        self.sessions[task.client_id] = self.hosting(federation_box).open_session(
+    def open_session(self, federation: FederationRef, task: ClientTask, weights: Weights) -> None:
+        self.sessions[task.client_id] = self.hosting(federation).open_session(
             dataclasses.replace(task, weights=weights)
         )
 

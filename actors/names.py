@@ -1,16 +1,32 @@
 """Names every rayfl process agrees on: the namespace of its named actors, a run's own actors' and
-the warm pool's names, the head node's resource, and the keys that say which pooled actor a run
-may borrow. Imports Ray and the standard library only."""
+the warm pool's names, the head node's resource, the keys that say which pooled actor a run may
+borrow, and how an actor call names a run's federation (`FederationRef`). Imports Ray and the
+standard library only."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import ray
+
+
+@dataclass(frozen=True)
+class FederationRef:
+    """A run's federation in the object store, as an actor call passes it: Ray resolves an
+    `ObjectRef` that is a call's own argument before the call, but not one inside an object, so
+    each actor reads it itself (once: `ClientActor.hosting`), where and when it needs it."""
+
+    ref: ray.ObjectRef
+
+    def key(self) -> str:
+        """The object's id: which run's federation an actor hosts."""
+        return self.ref.hex()
+
 
 NAMESPACE = "rayfl"
 """Named actors live here, so the dashboard, `ray list actors` and `ray.get_actor` find them."""

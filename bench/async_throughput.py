@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rayfl import api
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     tables, rates = {}, {}
     with tempfile.TemporaryDirectory() as tmp:

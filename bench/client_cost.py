@@ -66,8 +66,8 @@ COMMON = ["federation.batch_size=10", "federation.lr=0.05", "metrics.tensorboard
 
 def build(workload: str, vectorize: int, folder: Path):
     """The federation of a workload, its round-1 tasks for every client and its call size."""
-    from rayfl.config.load import load_config
     from rayfl.engine import build_federation
+    from rayfl.load import load_config
 
     overrides, call = WORKLOADS[workload]
     data = image_folder(folder, 800) if workload == "preresnet18" else []

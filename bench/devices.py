@@ -41,7 +41,7 @@ AVAILABILITY = {
 
 
 def config(mode: str, availability: str, rounds: int, seed: int, trace: str):
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     steps = rounds * 2 if mode == "FedBuff" else rounds  # a FedBuff step aggregates 5 updates, a round 10
     sets = [s.replace("TRACE", trace) for s in AVAILABILITY[availability]]

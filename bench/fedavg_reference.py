@@ -60,8 +60,8 @@ def workload(rounds: int, path: Path) -> None:
     from rayfl import rng
     from rayfl.algorithms.local import batch_plan
     from rayfl.algorithms.messages import ClientTask
-    from rayfl.config.load import load_config
     from rayfl.data import load_dataset, partition
+    from rayfl.load import load_config
     from rayfl.models import build_model, to_numpy
 
     cfg = load_config(None, [*OVERRIDES, f"federation.rounds={rounds}"])

@@ -39,7 +39,7 @@ SCENARIOS = {
 def one(job: tuple[str, str, int, list[str], str]) -> dict:
     import pandas as pd
 
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     scenario, label, seed, sets, out = job

@@ -34,8 +34,8 @@ def measure(run_dir: Path, count: int) -> dict[str, np.ndarray]:
     from rayfl import checkpoint, rng
     from rayfl.algorithms.aggregate import extract
     from rayfl.algorithms.base import head_scores
-    from rayfl.config.load import load_config
     from rayfl.engine import build_federation, torch_threads
+    from rayfl.load import load_config
     from rayfl.models.supernet import crop, random_subnet
 
     cfg = load_config(run_dir / "config.yaml")

@@ -60,7 +60,7 @@ COLUMNS = [
 def one(job: tuple[str, int, list[str], str]) -> dict:
     import pandas as pd
 
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     label, seed, sets, out = job

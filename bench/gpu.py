@@ -93,7 +93,7 @@ def placement() -> None:
     import ray
 
     from actors.driver.crew import create_client_actors
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     actors = create_client_actors(
         load_config(None, ["ray.gpus_per_actor=0.125", "ray.num_actors=8"]),
@@ -114,7 +114,7 @@ def over_share(out: Path) -> None:
     import pandas as pd
 
     from rayfl import api
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     summary = api.run(
         load_config(None, OVER_SHARE),
@@ -142,7 +142,7 @@ def throughput(out: Path, models: list[str], rounds: int) -> None:
     import pandas as pd
 
     from rayfl import api
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     print(
         f"\n3. throughput: reference workload, 32 clients per round, {rounds} rounds, 1 CPU per actor, 4 clients per "

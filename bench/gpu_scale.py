@@ -101,8 +101,8 @@ COMMON = ["federation.local_epochs=1", "metrics.tensorboard=false", "federation.
 
 
 def build(sets: list[str], clients: int, samples: int, folder: list[str], vectorize: int):
-    from rayfl.config.load import load_config
     from rayfl.engine import build_federation
+    from rayfl.load import load_config
 
     population = [] if any(s.startswith("data.num_clients=") for s in sets) else [f"data.num_clients={clients}"]
     cfg = load_config(
@@ -120,7 +120,11 @@ def build(sets: list[str], clients: int, samples: int, folder: list[str], vector
     )
     fed = build_federation(cfg)
     state = fed.policy.init_state(fed.initial_weights())
-    return fed, fed.policy.configure(state, 1, fed.policy.select(state, 1, np.arange(cfg.data.num_clients)))
+    return fed, fed.policy.configure(
+        state,
+        1,
+        fed.policy.select(state, 1, np.arange(cfg.data.num_clients), fed.policy.config.federation.clients_per_round),
+    )
 
 
 def rayfl_rate(fed, tasks, device: str) -> tuple[float, float]:

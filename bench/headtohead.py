@@ -69,7 +69,7 @@ def config(label: str, dataset: str, rounds: int, seed: int):
     """The method's example with the shared settings; a warm-up (FedSup's 20 rounds of 500) is
     cut to a tenth of the run."""
     from rayfl.algorithms.sfl import SPLIT_MODELS
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     example, sets = METHODS[label]
     given = {
@@ -88,8 +88,8 @@ def config(label: str, dataset: str, rounds: int, seed: int):
 def weakest_width(dataset: str, rounds: int) -> float:
     """The widest ResNet-20 that the weakest device can train (HeteroFL's budget mode's measure)."""
     from rayfl.algorithms.budget import client_rates
-    from rayfl.config.load import load_config
     from rayfl.engine import build_federation, torch_threads
+    from rayfl.load import load_config
 
     cfg = load_config(ROOT / "examples" / FULL_WIDTH, ["model.rate=1.0", *common(dataset, rounds, 0)])
     with torch_threads():

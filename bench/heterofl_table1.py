@@ -27,7 +27,7 @@ SHARDS = "data.partition={kind: shards, classes_per_client: 2}"
 def one(job: tuple[str, str, int, int, str]) -> dict:
     import pandas as pd
 
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     setting, split, rounds, seed, out = job

@@ -38,7 +38,7 @@ RUNS = {
 
 
 def one(job: tuple[str, list[str], str]) -> None:
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     example, sets, out = job

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 
 SMALL = ["federation.rounds=3", "metrics.tensorboard=false"]

@@ -53,7 +53,7 @@ def one(data: str, n: int, on_ray: bool, devices: str, algorithm: str, extra: li
     import pandas as pd
     import psutil
 
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     sets = [
         f"algorithm.name={algorithm}",

@@ -28,8 +28,9 @@ def main() -> None:
 
     from actors.coordinator.executor import RayExecutor
     from actors.driver.crew import create_client_actors
-    from rayfl.config.load import load_config
+    from actors.names import FederationRef
     from rayfl.engine import build_federation, torch_threads
+    from rayfl.load import load_config
     from rayfl.runner import InProcessExecutor
 
     sets = [
@@ -60,7 +61,9 @@ def main() -> None:
         try:
             actors = create_client_actors(fed.config, [f"bench-{k}" for k in range(args.actors)], pooled=False)
             ray.get([a.info.remote() for a in actors])
-            timings[f"on Ray, {args.actors} actors"] = timed(RayExecutor(actors, ray.put(fed), fed.account))
+            timings[f"on Ray, {args.actors} actors"] = timed(
+                RayExecutor(actors, FederationRef(ray.put(fed)), fed.account)
+            )
         finally:
             ray.shutdown()
     base, on_ray = timings.values()

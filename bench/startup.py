@@ -48,7 +48,7 @@ SIDES = {  # label -> (--one mode, measured while the warm head is up, its own s
 def one(mode: str, sets: list[str], address: str | None) -> dict:
     """One run in this process; the seconds of each phase."""
     started = time.perf_counter()
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     config = load_config(None, sets)
     with tempfile.TemporaryDirectory() as out:

@@ -21,7 +21,7 @@ CONFIGS = ("sync", "deadline", "fedbuff", "fedasync")
 
 
 def one(job: tuple[str, int, list[str], str]) -> str:
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     name, seed, sets, out = job

@@ -41,8 +41,8 @@ def one(model: str, vectorize: int, rounds: int) -> dict:
     import numpy as np
     import pandas as pd
 
-    from rayfl.config.load import load_config
     from rayfl.engine import ClientRunner
+    from rayfl.load import load_config
     from rayfl.runner import run_local
 
     training: list[float] = []

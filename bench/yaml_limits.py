@@ -1,5 +1,5 @@
 """The slowest input a run accepts: YAML files at the limits (`rayfl.config.MAX_YAML_BYTES`,
-`MAX_YAML_NODES`), each timed from its bytes to a validated config (`rayfl.config.load.load_config`,
+`MAX_YAML_NODES`), each timed from its bytes to a validated config (`rayfl.load.load_config`,
 and for a device profile `rayfl.devices.profile.load_profile` too: parsing, then the whole
 schema). Every accepted file must take under 2 s on the 2-core machine; the files just past a
 limit are refused at once.
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from rayfl.config import MAX_YAML_BYTES, MAX_YAML_NODES, ConfigError
-from rayfl.config.load import load_config
 from rayfl.devices.profile import load_profile
+from rayfl.load import load_config
 
 
 def profile(classes: int) -> str:

@@ -48,6 +48,7 @@ def run(
     resume: bool = False,
     run_id: str | None = None,
     timings: dict[str, float] | None = None,
+    hand_over: Any = None,
 ) -> dict[str, Any]:
     """Run one federation on Ray: a coordinator actor and client actors (on a running cluster
     borrowed warm from its pool, `actors/keeper.py`; `run_id`, default RUN_DIR's name, names the
@@ -55,8 +56,10 @@ def run(
     newest checkpoint. `timings`, when given, receives the seconds of each phase: `build`, `ray_start`,
     `actors` (started or borrowed, and warmed), `rounds`, `shutdown`; a run begun in this process while
     the actors came up (`ray.start_in_process`) has `in_process` (its rounds here) instead of
-    `ray_start`. The whole input is checked before Ray starts: the federation is built here, once,
-    and enters the object store once."""
+    `ray_start`; `hand_over` (an `actors.driver.handover.Rule`) says when such a run moves onto its
+    actors (default: after the first round that ends once they answer, and on a local cluster of
+    the run's own only when they finish the rounds left sooner). The whole input is checked before
+    Ray starts: the federation is built here, once, and enters the object store once."""
     phase = Phases(timings)
     run_dir = Path(run_dir or new_run_dir(config))
     fed, start = prepare(config, run_dir, resume)  # the whole input checked; the federation built once
@@ -73,7 +76,7 @@ def run(
 
     try:
         with on_the_kept_head(address):  # `rayfl down` stops this run first
-            return launch(fed, start, run_dir, run_id, address, progress, phase)
+            return launch(fed, start, run_dir, run_id, address, progress, phase, hand_over)
     except (RayTaskError, RoundsFailed) as exc:  # the round loop raised (in the coordinator, or here): one line
         raise broke_off(exc.cause, run_dir) from exc
     except RayActorError as exc:

@@ -5,8 +5,8 @@ per-client dicts of numbers, momentum buffers, ...) as long as it is built from 
 tuples and dataclasses of numpy arrays, numbers, strings and None. It is written as plain data
 (`encode`: arrays become tensors, a dataclass a tagged dict of its fields) with `torch.save`,
 and read with `torch.load(weights_only=True)`, so loading one never runs code from the file. A
-dataclass is written and rebuilt only when it is one of rayfl's state types (`STATE_TYPES`) or a
-policy registered its own (`state_type`); what a file decodes to must be a `ServerState` with
+dataclass is written and rebuilt only when its module registered it (`rayfl/statetypes.py`:
+rayfl's own state types, and a policy's); what a file decodes to must be a `ServerState` with
 its clock (and a scheduler's `Pending`, the devices' `Batteries`), else the file is passed over
 as broken. A checkpoint is written whole or not at all (`storage.write_atomic`). Randomness is
 keyed by (seed, round, client, purpose), hence a resumed run equals one that never stopped.
@@ -15,7 +15,6 @@ keyed by (seed, round, client, purpose), hence a resumed run equals one that nev
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import io
 import logging
 import numbers
@@ -28,39 +27,12 @@ import torch
 
 from .algorithms.messages import ServerState
 from .config import ConfigError
+from .statetypes import STATE_TYPES, state_name
 from .storage import write_atomic
 
 FOLDER = "checkpoints"
 log = logging.getLogger("rayfl")
 _DATACLASS = "__dataclass__"
-
-STATE_TYPES = frozenset(
-    {
-        "rayfl.algorithms.messages:ServerState",
-        "rayfl.algorithms.server_opt:ServerOptState",
-        "rayfl.algorithms.inclusivefl:GroupState",
-        "rayfl.algorithms.mergesfl.policy:Ingress",
-        "rayfl.engine.flights:Flight",
-        "rayfl.engine.flights:Pending",
-        "rayfl.engine.admission:Batteries",
-    }
-)
-"""The dataclasses of rayfl's own state a checkpoint may hold (`module:qualname`): the allow-list
-`decode` builds from; any other name in a file makes the file unreadable."""
-_registered: dict[str, type] = {}
-
-
-def _name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def state_type(cls: type) -> type:
-    """Class decorator: a policy's own server-state dataclass, allowed in checkpoints beside
-    `STATE_TYPES` (once its module is imported, as its policy's is before a resume)."""
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{_name(cls)} is not a dataclass")
-    _registered[_name(cls)] = cls
-    return cls
 
 
 def encode(value: Any, where: str = "state") -> Any:
@@ -75,11 +47,10 @@ def encode(value: Any, where: str = "state") -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = _name(type(value))
-        if name not in STATE_TYPES and name not in _registered:
+        name = state_name(type(value))
+        if name not in STATE_TYPES:
             raise TypeError(
-                f"{where}: {name} is not a checkpoint state type (rayfl.checkpoint.STATE_TYPES; a policy registers "
-                "its own with @checkpoint.state_type)"
+                f"{where}: {name} is not a checkpoint state type (register it with @rayfl.statetypes.state_type)"
             )
         fields = {
             f.name: encode(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value) if f.init
@@ -113,14 +84,11 @@ def decode(value: Any) -> Any:
 
 
 def _dataclass(name: Any) -> type:
-    """The state dataclass named `module:qualname`: one of `STATE_TYPES` (its module imported) or
-    one registered with `state_type`; `ConfigError` for any other name."""
-    if name in _registered:
-        return _registered[name]
-    if name not in STATE_TYPES:
-        raise ConfigError(f"checkpoint: {str(name)[:80]!r} is not one of rayfl's state types")
-    module_name, _, qualname = name.partition(":")
-    return getattr(importlib.import_module(module_name), qualname)
+    """The state dataclass named `module:qualname` (`rayfl.statetypes.STATE_TYPES`); `ConfigError`
+    for any other name."""
+    if isinstance(name, str) and name in STATE_TYPES:
+        return STATE_TYPES[name]
+    raise ConfigError(f"checkpoint: {str(name)[:80]!r} is not one of rayfl's state types")
 
 
 @dataclass(frozen=True)
@@ -238,8 +206,8 @@ def checked(data: Any) -> Saved:
         raise ConfigError("its state's round is not a count or its weights are not named arrays")
     if not (isinstance(clock, numbers.Real) and np.isfinite(clock)):
         raise ConfigError("its virtual_time_s is not a finite number")
-    if not (pending is None or _name(type(pending)) == "rayfl.engine.flights:Pending") or not (
-        batteries is None or _name(type(batteries)) == "rayfl.engine.admission:Batteries"
+    if not (pending is None or state_name(type(pending)) == "rayfl.engine.flights:Pending") or not (
+        batteries is None or state_name(type(batteries)) == "rayfl.engine.admission:Batteries"
     ):
         raise ConfigError("its pending flights or batteries are not rayfl's")
     config = data.get("config")

@@ -24,14 +24,8 @@ from .config import ConfigError, shown
 def _config(args: argparse.Namespace, resume_dir: Path | None = None):
     """The run's config; with `--resume`, RUN_DIR's own (`resume_dir`: where it is staged here). A
     misspelt key of the generic sections is reported before the registries (and torch) load."""
-    from .config.files import (
-        RESUMABLE,
-        check_known_keys,
-        computation_changes,
-        parse_yaml,
-        read_config,
-        with_overrides,
-    )
+    from .config.files import check_known_keys, parse_yaml, read_config, with_overrides
+    from .resume import RESUMABLE, computation_changes
 
     if getattr(args, "resume", None):
         if args.config:
@@ -43,7 +37,7 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
         saved = read_config(args.config) if args.config else {}
     raw = with_overrides(saved, args.set)
     check_known_keys(raw)
-    from .config.load import parse_config
+    from .load import parse_config
 
     if getattr(args, "resume", None):
         changes = computation_changes(saved, raw)
@@ -63,9 +57,9 @@ def _config(args: argparse.Namespace, resume_dir: Path | None = None):
 
 def before_the_run(raw: dict, config) -> list[str]:
     """What a new run says before it starts: the settings it takes from its algorithm where the
-    config leaves them unset (`rayfl.config.load.algorithm_setting`), and what to know of a run
+    config leaves them unset (`rayfl.load.algorithm_setting`), and what to know of a run
     this short (`Algorithm.short_runs`)."""
-    from .config.load import algorithm_setting
+    from .load import algorithm_setting
 
     name, lines = config.algorithm.name, []
     taken = algorithm_setting(raw)

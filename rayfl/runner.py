@@ -18,7 +18,7 @@ from .engine import (
     ClientRunner,
     Federation,
     GroupOutcome,
-    Pace,
+    HoldSeconds,
     Progress,
     Start,
     new_run_dir,
@@ -38,18 +38,18 @@ class InProcessExecutor:
         self.account = fed.account
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, hold_s: HoldSeconds | None = None
     ) -> Callable[[], list[GroupOutcome]]:
-        def gather() -> list[GroupOutcome]:
+        def collect() -> list[GroupOutcome]:
             out = []
             for group in groups:
                 start = time.perf_counter()
                 out.append(run_group(self.runner, self.account, group, sums))
-                if pace is not None:
-                    time.sleep(max(0.0, pace(out[-1]) - (time.perf_counter() - start)))
+                if hold_s is not None:
+                    time.sleep(max(0.0, hold_s(out[-1]) - (time.perf_counter() - start)))
             return out
 
-        return gather
+        return collect
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
         """The round's sessions in this process; an error in a session fails every session of

@@ -25,8 +25,8 @@ import logging  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rayfl.config.load import parse_config  # noqa: E402
 from rayfl.data import load_dataset  # noqa: E402
+from rayfl.load import parse_config  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -90,7 +90,7 @@ def test_a_non_finite_number_in_a_file_or_a_config_built_in_python_is_named_by_i
     tmp_path, monkeypatch, capsys, mode
 ):
     from rayfl.config import ConfigError
-    from rayfl.config.load import parse_config
+    from rayfl.load import parse_config
 
     path = config_file(tmp_path, b"federation:\n  lr: .inf\n")
     assert refused(tmp_path, monkeypatch, capsys, [path], mode) == f"{path}: federation.lr: inf is not a finite number"
@@ -361,7 +361,7 @@ def test_algorithms_that_work_over_every_client_refuse_a_population_past_their_b
     refused nor bounded. Those algorithms name their bound; the lazily drawn ones take 10^9."""
     from rayfl.algorithms import registry
     from rayfl.config import ConfigError
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     assert {n: a.max_clients for n, a in registry.algorithms().items() if a.over_every_client} == BOUNDED
     for name, bound in BOUNDED.items():

@@ -11,8 +11,9 @@ from rayfl import checkpoint
 from rayfl.algorithms import server_opt
 from rayfl.algorithms.messages import ServerState
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
+from rayfl.statetypes import state_type
 
 
 def test_round_trip_keeps_weights_optimizer_and_client_state(tmp_path):
@@ -32,7 +33,7 @@ def test_round_trip_keeps_weights_optimizer_and_client_state(tmp_path):
     assert np.array_equal(back.clients[3]["head"], np.ones(2))
 
 
-@checkpoint.state_type
+@state_type
 @dataclasses.dataclass(frozen=True)
 class Groups:
     """A policy's own nested server state: one Adam optimizer per device group, and a tag."""

@@ -13,7 +13,7 @@ import pytest
 from rayfl import checkpoint
 from rayfl.cli import main
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from rayfl.storage import dump_config
 

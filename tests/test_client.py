@@ -19,7 +19,7 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.base import ClientProcedure
 from rayfl.algorithms.fedavg import FedAvgConfig, FedAvgPolicy
 from rayfl.algorithms.local import LocalState, Trained
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 
 

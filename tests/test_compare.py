@@ -9,7 +9,7 @@ import pytest
 
 from rayfl.cli import main
 from rayfl.compare import Run, curves, labels, read_runs, table
-from rayfl.config.load import parse_config
+from rayfl.load import parse_config
 from rayfl.storage import dump_config
 
 NAN = math.nan

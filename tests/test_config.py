@@ -5,7 +5,7 @@ import yaml
 
 from rayfl.config import ConfigError, DirichletPartition, ShardsPartition
 from rayfl.config.files import apply_overrides
-from rayfl.config.load import load_config, parse_config
+from rayfl.load import load_config, parse_config
 from rayfl.storage import dump_config
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from rayfl.algorithms import base
 from rayfl.algorithms.aggregate import Sum
-from rayfl.config.load import load_config
 from rayfl.crossings import Crossings
 from rayfl.engine import ClientRunner, build_federation, run_group, torch_threads
+from rayfl.load import load_config
 
 TINY = ["model.name=mlp", "model.hidden=[8]", "data.num_clients=40", "federation.local_epochs=2"]
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms import registry
-from rayfl.catalog_algorithms import ALGORITHMS
+from rayfl.catalog_builtin import ALGORITHMS
 from rayfl.checkpoint import latest
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation
+from rayfl.load import load_config
 from rayfl.runner import run_local
 
 STALLS = {"efedsup"}

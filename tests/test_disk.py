@@ -3,6 +3,7 @@ begins in its driver (`ray.start_in_process`): one line naming the path and
 `No space left on device`, no partial file left under a real name, and once space is freed
 `--resume` in place equals the run that never stopped (issue 30's drill)."""
 
+import functools
 import os
 import subprocess
 
@@ -10,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from rayfl import checkpoint
+from rayfl import api, checkpoint
 from rayfl.cli import main
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 
 pytestmark = pytest.mark.faults
 
@@ -48,9 +49,13 @@ def test_a_full_disk_ends_in_one_line_and_a_resume_after_freeing_space_equals_th
     if mode != ["--local"]:
         request.getfixturevalue("ray_cluster")  # on the session's cluster: the coordinator writes
     if mode == BEGUN:  # the rounds begun in this process while the actors come up fill the disk
-        from actors.driver import launch
+        from actors.driver.handover import Rule
 
-        monkeypatch.setattr(launch, "hands_over", lambda round, ready: False)
+        class Stays(Rule):
+            def moves(self, round, ready):
+                return False
+
+        monkeypatch.setattr(api, "run", functools.partial(api.run, hand_over=Stays()))
     run_dir = small_disk / "run"
     assert main(["run", *mode, "--out", str(run_dir), *sets()]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rayfl:")]  # the bar aside

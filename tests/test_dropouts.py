@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from rayfl import checkpoint, rng
-from rayfl.config.load import load_config
 from rayfl.devices.trace import write_trace
+from rayfl.load import load_config
 from rayfl.runner import run_local
 
 BASE = ["model.name=mlp", "metrics.tensorboard=false", "federation.checkpoint_every=0"]

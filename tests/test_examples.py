@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rayfl.config.load import load_config
 from rayfl.devices import load_profile
+from rayfl.load import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

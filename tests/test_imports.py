@@ -57,7 +57,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS = [
     # bottom first: a module may import its own layer and the ones below, never one above
-    ["rayfl.types", "rayfl.rng", "rayfl.catalog", "rayfl.catalog_algorithms", "rayfl.storage", "rayfl.config"],
+    [
+        "rayfl.types",
+        "rayfl.statetypes",
+        "rayfl.rng",
+        "rayfl.catalog",
+        "rayfl.catalog_builtin",
+        "rayfl.storage",
+        "rayfl.config",
+    ],
     ["rayfl.optim", "rayfl.devices", "rayfl.data", "rayfl.models"],
     ["rayfl.evaluate", "rayfl.metrics", "rayfl.compare", "rayfl.timeline"],
     # the algorithm kit: the contract's two leaves, and the pure pieces every algorithm shares
@@ -73,7 +81,7 @@ LAYERS = [
     ],
     ["rayfl.algorithms.base", "rayfl.algorithms.capabilities", "rayfl.algorithms.registry"],
     ["rayfl.algorithms"],  # each algorithm's module, and the package that registers them
-    ["rayfl.checkpoint", "rayfl.config.load"],  # the config package's loader reads the registries above
+    ["rayfl.checkpoint", "rayfl.resume", "rayfl.load"],
     ["rayfl.engine"],
     ["rayfl.runner"],
     ["rayfl.api", "rayfl.cli", "rayfl.arguments", "rayfl.console", "rayfl.__main__", "rayfl"],

@@ -78,7 +78,7 @@ def test_tensorboard_events_equal_the_metrics_table_and_a_resume_purges_what_it_
     import pandas as pd
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rayfl.config.load import parse_config
+    from rayfl.load import parse_config
     from rayfl.runner import run_local
 
     raw = {"algorithm": {"name": "heterofl", "levels": "a1-e1"}, "model": {"name": "mlp"}, "data": {"num_clients": 4}}

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from rayfl import checkpoint
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation
+from rayfl.load import load_config, parse_config
 from rayfl.optim import OptimizerSpec, lr_schedule
 from rayfl.runner import run_local
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation, prepare, run_federation, run_round, torch_threads
+from rayfl.load import load_config, parse_config
 from rayfl.metrics import METRICS_COLUMNS, SUMMARY_KEYS
 from rayfl.runner import InProcessExecutor, run_local
 
@@ -143,14 +143,14 @@ def test_each_algorithm_trains_in_process(tmp_path, name):
 
 
 class Recording(InProcessExecutor):
-    """Keeps the pace the engine hands over, and the groups' outcomes."""
+    """Keeps the hold the engine hands over, and the groups' outcomes."""
 
-    def submit(self, groups, *, sums, pace=None):
-        gather = super().submit(groups, sums=sums, pace=pace)
-        self.pace = pace
+    def submit(self, groups, *, sums, hold_s=None):
+        collect = super().submit(groups, sums=sums, hold_s=hold_s)
+        self.hold_s = hold_s
 
         def keep():
-            self.outcomes = gather()
+            self.outcomes = collect()
             return self.outcomes
 
         return keep
@@ -190,7 +190,7 @@ def test_emulate_paces_each_client_by_its_policys_cost(tmp_path):
     assert len(executor.outcomes) == 2
     for group in executor.outcomes:
         ids = [s.outcome.client_id for s in group.settled]
-        assert executor.pace(group) == pytest.approx(1e-3 * sum(rows[c]["total_s"] for c in ids))
+        assert executor.hold_s(group) == pytest.approx(1e-3 * sum(rows[c]["total_s"] for c in ids))
 
 
 def test_the_in_process_executor_holds_each_task_to_its_pace():
@@ -205,7 +205,7 @@ def test_the_in_process_executor_holds_each_task_to_its_pace():
         fed = build_federation(cfg)
         tasks = fed.policy.configure(fed.policy.init_state(fed.initial_weights()), 1, [0, 1])
         start = time.perf_counter()
-        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], sums=False, pace=lambda group: 0.25)()
+        InProcessExecutor(fed).submit([[tasks[0]], [tasks[1]]], sums=False, hold_s=lambda group: 0.25)()
     assert time.perf_counter() - start >= 0.5
 
 

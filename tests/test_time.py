@@ -10,15 +10,15 @@ import pytest
 
 from rayfl import checkpoint, timeline
 from rayfl.algorithms.messages import ClientFailure, ClientResult
-from rayfl.config.load import load_config
 from rayfl.devices import DeviceState
 from rayfl.engine import build_federation
 from rayfl.engine.admission import Batteries
-from rayfl.engine.asynchronous import Queue
-from rayfl.engine.deadline import Late, close
+from rayfl.engine.asynchronous import AsyncServer
+from rayfl.engine.deadline import LateClients, close
 from rayfl.engine.flights import Flight
 from rayfl.engine.host import GroupOutcome, Settled
-from rayfl.engine.round import Dispatched
+from rayfl.engine.round import RoundUnderway
+from rayfl.load import load_config
 from rayfl.runner import InProcessExecutor, run_local
 from rayfl.timeline import segments
 
@@ -61,13 +61,15 @@ def hand_dispatch(fed, state, finish, failed=()):
         moved = {k: v + t.client_id if v.dtype.kind == "f" else v for k, v in state.weights.items()}
         out = ClientResult.of(t, weights=moved, num_examples=10, num_samples=10, train_loss=0.0)
         records.append(Settled(out, "ok", "", cost))
-    return Dispatched(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})], [])
+    return RoundUnderway(1, sorted(finish), tasks, None, lambda: [GroupOutcome(records, {})], [])
 
 
 def hand_round(finish, *sets, failed=()):
     """Round 1 of a deadline federation (`hand_dispatch`), closed; returns it and the initial weights."""
     fed, state = hand_federation(*sets)
-    return close(fed, hand_dispatch(fed, state, finish, failed), state, 0.0, Late(fed, None, None)), state.weights
+    return close(
+        fed, hand_dispatch(fed, state, finish, failed), state, 0.0, LateClients(fed, None, None)
+    ), state.weights
 
 
 def first_weight(weights):
@@ -130,9 +132,9 @@ def test_a_late_update_reaches_a_later_round_under_carry_only(rule, moved, min_r
         f"federation.deadline.late={rule}",
         f"federation.deadline.min_reports={min_reports}",
     )
-    late = Late(fed, None, None)
+    late = LateClients(fed, None, None)
     first = close(fed, hand_dispatch(fed, state, {1: 2.0, 2: 9.0, 3: 2.0, 4: 5.0}), state, 0.0, late)
-    second = close(fed, Dispatched(2, [], [], None, lambda: [], []), first.state, 2.0, late)
+    second = close(fed, RoundUnderway(2, [], [], None, lambda: [], []), first.state, 2.0, late)
     w = first_weight(state.weights)
     np.testing.assert_allclose(first.state.weights[w], state.weights[w] + 2.0, atol=1e-5)
     assert second.row["virtual_time_s"] == 5.0 and second.row["num_carried"] == (rule == "carry")
@@ -145,20 +147,20 @@ def test_a_late_update_reaches_a_later_round_under_carry_only(rule, moved, min_r
     "k, over, selected",
     [(10, 0.3, 13), (10, 0.25, 13), (3, 0.5, 5), (4, 0.5, 6)],  # 12.5 and 4.5 round up (floor and round() go down)
 )
-def test_over_selection_selects_k_times_one_plus_o_rounded_up(k, over, selected):
+def test_over_selection_selects_k_times_one_plus_o_rounded_up(tmp_path, k, over, selected):
     cfg = load_config(
         None,
         [
             *SMALL,
+            "federation.rounds=1",
             "federation.mode=deadline",
             f"federation.deadline.target_clients={k}",
             f"federation.deadline.over_selection={over}",
         ],
     )
-    assert cfg.federation.selected_clients == selected
-    fed = build_federation(cfg)
-    state = fed.policy.init_state(fed.initial_weights())
-    assert len(fed.policy.select(state, 1, range(30))) == selected
+    assert cfg.federation.deadline.selected(k) == selected
+    run_local(cfg, tmp_path)  # the deadline scheduler passes that number to the policy's `select`
+    assert pd.read_parquet(tmp_path / "metrics.parquet")["num_selected"].tolist() == [selected]
 
 
 @pytest.mark.parametrize(
@@ -330,7 +332,9 @@ def test_async_arrivals_at_one_instant_go_in_client_id_order():
         None, [*SMALL, "federation.mode=async", "federation.async.concurrency=6", "federation.async.buffer_size=3"]
     )
     fed = dataclasses.replace(build_federation(cfg), population=Instant())
-    queue = Queue(fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None, Batteries())
+    queue = AsyncServer(
+        fed, InProcessExecutor(fed), fed.policy.init_state(fed.initial_weights()), 0.0, None, Batteries()
+    )
     first = queue.advance()
     out = sorted(f.client_id for *_, f in queue.heap) + [f.client_id for f in first]
     assert {f.arrives_at for f in first} == {0.0}
@@ -389,8 +393,8 @@ def test_a_deadline_round_with_nobody_free_lasts_until_the_next_late_arrival():
     cfg = load_config(None, [*SMALL, "federation.mode=deadline", "federation.deadline.deadline_s=30"])
     fed = dataclasses.replace(build_federation(cfg), population=HandClock())
     state = fed.policy.init_state(fed.initial_weights())
-    late = Late(fed, None, None)
+    late = LateClients(fed, None, None)
     late.flights.append(Flight(7, 0, 0.0, 10.0, 0, False))  # every other client elsewhere: nobody selected
-    out = close(fed, Dispatched(2, [], [], None, lambda: [], []), state, 5.0, late)
+    out = close(fed, RoundUnderway(2, [], [], None, lambda: [], []), state, 5.0, late)
     assert out.row["virtual_time_s"] == 10.0 and out.row["num_clients"] == 0 and out.state.round == 2
     assert late.flights == []  # it arrived (and was dropped): free for the next round

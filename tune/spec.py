@@ -33,8 +33,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from rayfl.config import ConfigError, RunConfig, Strict
 from rayfl.config.files import absolute_paths, format_error, read_config, read_yaml, set_values, with_overrides
-from rayfl.config.load import parse_config
 from rayfl.devices import configured_profile
+from rayfl.load import parse_config
 
 log = logging.getLogger("rayfl")
 

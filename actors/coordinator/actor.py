@@ -20,31 +20,32 @@ import ray
 from rayfl import checkpoint, rng
 from rayfl.engine import Federation, Start, run_federation, start_of, torch_threads
 
+from ..names import FederationRef
 from .dashboard import DashboardMetrics
 from .executor import Abandoned, RayExecutor
 
 
 @dataclass(frozen=True)
-class Duty:
-    """What a coordinator host runs: the federation (boxed, so its reference stays unresolved),
-    the client actors, RUN_DIR and the run's key (its dashboard series' `run_id` tag)."""
+class Assignment:
+    """What a coordinator host runs: the federation, the client actors, RUN_DIR and the run's key
+    (its dashboard series' `run_id` tag)."""
 
-    federation_box: list
+    federation: FederationRef
     clients: list
     run_dir: str
     key: str
 
 
-def same_run(a: Duty, b: Duty) -> bool:
-    """Whether two duties are one run's (its key and its federation in the object store)."""
-    return a.key == b.key and a.federation_box[0].hex() == b.federation_box[0].hex()
+def same_run(a: Assignment, b: Assignment) -> bool:
+    """Whether two assignments are one run's (its key and its federation in the object store)."""
+    return a.key == b.key and a.federation.key() == b.federation.key()
 
 
 @ray.remote(max_concurrency=3)
 class Coordinator:
     """The round loop on Ray, for one run at a time. Its constructor takes nothing (Ray restarts
     it with that, and a pooled host serves one run after another, `reset` between them): each
-    `warm` and `run` call brings its run's `Duty`."""
+    `warm` and `run` call brings its run's `Assignment`."""
 
     series = DashboardMetrics
     """What publishes the round rows (Ray's metrics endpoint)."""
@@ -59,64 +60,64 @@ class Coordinator:
 
     def _clear(self) -> None:
         self.fed: Federation | None = None
-        self.duty: Duty | None = None
+        self.assignment: Assignment | None = None
         self.executor: RayExecutor | None = None
         self.metrics: DashboardMetrics | None = None
         self._rows: list[dict[str, Any]] = []
         self._notes: list[str] = []
         self._relayed = 0  # the last round the driver passed to its progress callback
 
-    def _attach(self, duty: Duty) -> Federation:
+    def _attach(self, assignment: Assignment) -> Federation:
         """The federation and its client actors, once per run. Holding the reference keeps the
         federation (and its dataset) in the object store for as long as the run, which a
         restarting client needs."""
         with self._lock:
-            if self.duty is None or not same_run(self.duty, duty):
-                fed = ray.get(duty.federation_box[0])
+            if self.assignment is None or not same_run(self.assignment, assignment):
+                fed = ray.get(assignment.federation.ref)
                 cfg = fed.config
                 self.executor = RayExecutor(
-                    duty.clients,
-                    duty.federation_box[0],
+                    assignment.clients,
+                    assignment.federation,
                     fed.account,
                     timeout_s=cfg.ray.actor_timeout_s,
                     max_failed_fraction=cfg.federation.max_failed_fraction,
                     report=self._note,
                     stop=self.stop,
                 )
-                self.fed, self.duty = fed, duty
+                self.fed, self.assignment = fed, assignment
         return self.fed
 
-    def warm(self, duty: Duty) -> None:
+    def warm(self, assignment: Assignment) -> None:
         """While the client actors warm up: the libraries the round loop writes tables with, the
         global model's measured cost and an evaluation of it (first-call set-up)."""
         import pyarrow.parquet  # noqa: F401  (what `Recorder` writes with)
 
         from rayfl import metrics  # noqa: F401
 
-        fed = self._attach(duty)
+        fed = self._attach(assignment)
         with torch_threads():
             fed.cost_of(fed.policy.global_model())
             fed.evaluator(fed.initial_weights(), fed.policy.global_model())
 
-    def run(self, duty: Duty, start: Start | None) -> dict[str, Any]:
+    def run(self, assignment: Assignment, start: Start | None) -> dict[str, Any]:
         """The rounds from `start`; None (a coordinator Ray restarted): from RUN_DIR's newest
         checkpoint, or from round 0 where none was written."""
-        fed = self._attach(duty)
+        fed = self._attach(assignment)
         with self._running:
             if start is not None:  # the driver has passed on the rows up to where it starts the run
                 with self._lock:
                     self._relayed = max(self._relayed, start.state.round)
             else:
-                start = start_of(fed, duty.run_dir, resume=checkpoint.exists(duty.run_dir))
+                start = start_of(fed, assignment.run_dir, resume=checkpoint.exists(assignment.run_dir))
                 with self._lock:  # the rows up to the checkpoint, for a driver that had not read them all
                     self._rows += [dict(row) for row in start.recorder.rounds]
             carried = start.recorder.rounds if start.moved else []  # recorded by the driver: published here
             elapsed = start.recorder.rounds[-1]["wall_time_s"] if start.recorder.rounds and not carried else 0.0
-            self.metrics = self.series(duty.key, fed.config.algorithm.name, elapsed)  # the key: runs never mix
+            self.metrics = self.series(assignment.key, fed.config.algorithm.name, elapsed)  # the key: runs never mix
             for row in carried:
                 self.metrics.record(row, self.executor.alive())
             with torch_threads():
-                return run_federation(fed, self.executor, duty.run_dir, start, self._on_round)
+                return run_federation(fed, self.executor, assignment.run_dir, start, self._on_round)
 
     def _on_round(self, row: Mapping[str, Any]) -> None:
         if self.stop.is_set():
@@ -148,7 +149,7 @@ class Coordinator:
         """Stop the run `key` if it is the one in progress, at its next wait for clients or round
         end (`Abandoned`); a later run that borrowed this host meanwhile is left alone."""
         with self._lock:
-            if self.duty is not None and self.duty.key == key:
+            if self.assignment is not None and self.assignment.key == key:
                 self.stop.set()
                 self._heard.notify_all()
 

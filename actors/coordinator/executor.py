@@ -29,7 +29,9 @@ from rayfl.algorithms.capabilities import ClientAccount
 from rayfl.algorithms.exchange import RoundDriver, per_session
 from rayfl.algorithms.messages import ClientFailure, ClientResult, ClientTask
 from rayfl.engine.host import GroupOutcome, exchange_failed, failed_all, settle_all
-from rayfl.engine.round import Pace
+from rayfl.engine.round import HoldSeconds
+
+from ..names import FederationRef
 
 log = logging.getLogger("rayfl")
 
@@ -63,7 +65,7 @@ class RayExecutor:
     def __init__(
         self,
         actors: Sequence[ray.actor.ActorHandle],
-        federation_ref: ray.ObjectRef,
+        federation: FederationRef,
         account: ClientAccount,
         max_attempts: int = 3,
         timeout_s: float = 600.0,
@@ -72,7 +74,7 @@ class RayExecutor:
         stop: threading.Event | None = None,
     ):
         self.actors = list(actors)
-        self.box = [federation_ref]  # boxed: each actor resolves it itself, once
+        self.federation = federation
         self.account = account
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
@@ -95,15 +97,15 @@ class RayExecutor:
         return refs
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, hold_s: HoldSeconds | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         """Send the first groups to the idle actors now (each summed where it runs with `sums`); the
         returned call feeds the rest to actors as they free up and returns every group's outcome
         in group order."""
-        work = Dispatch(self, groups, sums, pace)
+        work = GroupCalls(self, groups, sums, hold_s)
         work.feed()
         self.turn += len(groups)  # submissions overlap (asynchronous federations): spread them
-        return work.gather
+        return work.collect
 
     def failed(self, group: Sequence[ClientTask], reason: str) -> GroupOutcome:
         """A group whose call failed as a whole: each client failed, having downloaded the model."""
@@ -149,7 +151,7 @@ class RayExecutor:
             homes = [(actor, t.client_id) for actor, t in zip(itertools.cycle(self.answering()), tasks)]
             relay = ActorRelay(homes)
             relay.pending = [
-                a.open_session.remote(self.box, dataclasses.replace(t, weights={}), refs[id(t.weights)])
+                a.open_session.remote(self.federation, dataclasses.replace(t, weights={}), refs[id(t.weights)])
                 for (a, _), t in zip(homes, tasks)
             ]
             try:
@@ -223,12 +225,14 @@ class ActorRelay:
         self.pending += self.send(method, args)
 
 
-class Dispatch:
+class GroupCalls:
     """One submission's groups in flight on a `RayExecutor`'s actors, with the probes of the
     actors that stopped answering and the pacing holds of `clock: emulate`."""
 
-    def __init__(self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], sums: bool, pace: Pace | None):
-        self.ex, self.sums, self.pace = executor, sums, pace
+    def __init__(
+        self, executor: RayExecutor, groups: Sequence[Sequence[ClientTask]], sums: bool, hold_s: HoldSeconds | None
+    ):
+        self.ex, self.sums, self.hold_s = executor, sums, hold_s
         self.refs = executor.put_weights([t for g in groups for t in g])
         self.groups = list(groups)
         self.pending = deque(enumerate(groups))
@@ -260,13 +264,13 @@ class Dispatch:
             call = actor.run_group.options(
                 name=f"round{group[0].round}/clients{group[0].client_id}-{group[-1].client_id}"
             )
-            self.inflight[call.remote(self.ex.box, light, weights, self.sums)] = ("group", actor, k, now)
+            self.inflight[call.remote(self.ex.federation, light, weights, sums=self.sums)] = ("group", actor, k, now)
 
     def busy(self) -> bool:
         """Groups wait or run, or actors hold for their clients' paced time (probes do not count)."""
         return bool(self.pending) or any(kind != "probe" for kind, *_ in self.inflight.values())
 
-    def gather(self) -> list[GroupOutcome]:
+    def collect(self) -> list[GroupOutcome]:
         while self.busy() or self.run_lost_again():
             if self.ex.stop is not None and self.ex.stop.is_set():
                 raise Abandoned(f"round {self.groups[0][0].round}: the run was abandoned")
@@ -294,9 +298,9 @@ class Dispatch:
             self.ex.down.discard(id(actor))
             if kind == "group":
                 self.out[k] = outcome
-                hold = self.pace(outcome) - (time.monotonic() - sent) if self.pace is not None else 0.0
+                hold = self.hold_s(outcome) - (time.monotonic() - sent) if self.hold_s is not None else 0.0
                 if hold > 0:
-                    self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/pace").remote(hold)] = (
+                    self.inflight[actor.hold.options(name=f"round{self.groups[k][0].round}/hold").remote(hold)] = (
                         "hold",
                         actor,
                         k,

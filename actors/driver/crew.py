@@ -1,5 +1,5 @@
 """A run's actors: its coordinator host and client actors, borrowed from the cluster's warm pool
-(`actors/keeper.py`) or started for the run alone (`gather`), waited for until they answer
+(`actors/keeper.py`) or started for the run alone (`assemble`), waited for until they answer
 (`wait_for_actors`), and given back or killed when the run ends (`release`).
 
 How many client actors and what each takes is the config's `Resources` (`RunConfig.resources`),
@@ -24,13 +24,13 @@ from .. import raystate
 from ..client import ClientActor
 from ..coordinator.actor import Coordinator
 from ..keeper import Lent, Started
-from ..names import HEAD_RESOURCE, NAMESPACE, actor_name, kinds, pooled_name
+from ..names import HEAD_RESOURCE, NAMESPACE, FederationRef, actor_name, kinds, pooled_name
 from . import pool
 from .follow import Cancelled
 
 
 @dataclass
-class Crew:
+class RunActors:
     """The coordinator (first in `names`) and the client actors of one run; `lease` names its
     booking in the pool, None for actors of this run alone."""
 
@@ -41,7 +41,7 @@ class Crew:
     lease: str | None = None
 
 
-def gather(config: RunConfig, run_id: str, pooled: bool) -> Crew:
+def assemble(config: RunConfig, run_id: str, pooled: bool) -> RunActors:
     """The run's actors: `ray.num_actors` client actors (under `auto`, as many as the free
     resources and the pool's idle actors hold; `ConfigError` when the asked number can never fit
     the cluster, or `ray.coordinator_node` names a resource no node has) and a coordinator host.
@@ -61,21 +61,21 @@ def gather(config: RunConfig, run_id: str, pooled: bool) -> Crew:
     if node not in ("head", "any") and node not in ray.cluster_resources():
         raise ConfigError(f"ray.coordinator_node: no node of the cluster has a resource {node!r}")
     if keeper is None:
-        return own_crew(config, run_id, count)
-    return borrowed_crew(config, run_id, count, keeper)
+        return own_actors(config, run_id, count)
+    return borrowed_actors(config, run_id, count, keeper)
 
 
-def own_crew(config: RunConfig, key: str, count: int) -> Crew:
+def own_actors(config: RunConfig, key: str, count: int) -> RunActors:
     own = [actor_name(key, "coordinator"), *(actor_name(key, f"client-{k}") for k in range(count))]
     try:
         clients = create_client_actors(config, own[1:], pooled=False)
     except ray.exceptions.ActorAlreadyExistsError:  # a run of that name is live on the cluster
-        return own_crew(config, f"{key}-{secrets.token_hex(2)}", count)
+        return own_actors(config, f"{key}-{secrets.token_hex(2)}", count)
     coordinator = Coordinator.options(**coordinator_options(config, own[0], pooled=False)).remote()
-    return Crew(coordinator, clients, own, key)
+    return RunActors(coordinator, clients, own, key)
 
 
-def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Crew:
+def borrowed_actors(config: RunConfig, run_id: str, count: int, keeper: Any) -> RunActors:
     """Idle pooled actors of the run's kinds, new pooled ones where the pool is short; those a
     dead run left behind are reset first (its coordinator was told to stop: its reset waits for
     that, before the clients are reset behind any task still running on them)."""
@@ -95,7 +95,7 @@ def borrowed_crew(config: RunConfig, run_id: str, count: int, keeper: Any) -> Cr
 
 def completed(
     config: RunConfig, taken: list[Lent], count: int, keeper: Any, lease: str, key: str, kinds: tuple[str, str]
-) -> Crew:
+) -> RunActors:
     """The crew from the pool's actors `taken`, and new ones for what they lack (joined to the lease)."""
     kind_coordinator, kind_client = kinds
     coordinator = [lent for lent in taken if lent.kind == kind_coordinator]
@@ -116,10 +116,10 @@ def completed(
     if new:
         pool.ask(lambda k: k.join.remote(lease, new), keeper)
     crew = [*coordinator, *clients]
-    return Crew(coordinator[0].handle, [lent.handle for lent in clients], [lent.name for lent in crew], key, lease)
+    return RunActors(coordinator[0].handle, [lent.handle for lent in clients], [lent.name for lent in crew], key, lease)
 
 
-def release(crew: Crew, timeout_s: float) -> None:
+def release(crew: RunActors, timeout_s: float) -> None:
     """The run ended (however it ended): its own actors are killed; borrowed ones are reset (the
     coordinator first: its run, if still going, stops) and handed back, those that did not reset
     within `timeout_s` sent away."""
@@ -193,7 +193,7 @@ def wait_for_actors(
     timeout_s: float,
     report: Callable[[str], None],
     every_s: float = 5.0,
-    federation_ref: ray.ObjectRef | None = None,
+    federation: FederationRef | None = None,
     stop: threading.Event | None = None,
 ) -> None:
     """Block until every client actor is up (and, given the federation, warmed: `ClientActor.warm`),
@@ -201,7 +201,7 @@ def wait_for_actors(
     for free resources or new nodes); `RuntimeError` after `timeout_s` (`ray.actor_timeout_s`). An
     actor that dies meanwhile is asked again once Ray restarted it; one whose constructor failed
     raises here; `Cancelled` within half a second of `stop`."""
-    call = (lambda a: a.info.remote()) if federation_ref is None else (lambda a: a.warm.remote([federation_ref]))
+    call = (lambda a: a.info.remote()) if federation is None else (lambda a: a.warm.remote(federation))
     owner = {call(a): a for a in actors}
     started = reported = time.monotonic()
     while True:

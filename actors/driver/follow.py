@@ -15,13 +15,15 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from rayfl.engine import Progress, Start
 
 from .. import raystate
-from ..coordinator.actor import Duty
+from ..coordinator.actor import Assignment
 from . import head
 
 log = logging.getLogger("rayfl")
 
 
-def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None, timeout_s: float) -> dict[str, Any]:
+def follow(
+    coordinator: Any, assignment: Assignment, start: Start, progress: Progress | None, timeout_s: float
+) -> dict[str, Any]:
     """The coordinator's rounds from `start`, its finished rows relayed to `progress` and its
     notices logged every 0.5 s while they run; returns the run's summary. A coordinator that
     died and that Ray restarts (`ray.coordinator_restarts`) is waited for (at most `timeout_s`)
@@ -30,7 +32,7 @@ def follow(coordinator: Any, duty: Duty, start: Start, progress: Progress | None
     Only the coordinator's own calls are read for its restart (`heard`)."""
     last, begin = start.state.round, start
     while True:
-        done = coordinator.run.remote(duty, begin)
+        done = coordinator.run.remote(assignment, begin)
         while (news := heard(coordinator, done, last, timeout_s)) is not None:
             if head.STOPPING.is_set():  # `rayfl down` waits for this run to hand its actors back
                 raise head.HeadStopping()

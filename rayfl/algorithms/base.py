@@ -56,14 +56,14 @@ class ServerPolicy:
         """The variant the server holds and evaluates (the configured model by default)."""
         return self.config.model
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Uniform sampling without replacement of `federation.selected_clients` (the round's
-        size; over-selected under `mode: deadline`) among the `candidates`, a pure function of
-        (seed, round, available). It draws positions (in a range when everyone is online and
-        eligible), never copying them."""
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId], count: int) -> list[ClientId]:
+        """Uniform sampling without replacement of `count` clients (the scheduler's number:
+        `clients_per_round`, over-selected under `mode: deadline`) among the `candidates`, a pure
+        function of (seed, round, available, count). It draws positions (in a range when everyone
+        is online and eligible), never copying them."""
         available = self.candidates(round, available)
         g = rng.generator(self.context.seed, "select", round)
-        k = min(self.config.federation.selected_clients, len(available))
+        k = min(count, len(available))
         return sorted(int(available[i]) for i in g.choice(len(available), size=k, replace=False))
 
     def configure(self, state: ServerState, round: Round, clients: Sequence[ClientId]) -> list[ClientTask]:

@@ -90,7 +90,7 @@ class FedAvgClient(ClientProcedure):
     objective is written once."""
 
     penalty: Callable[..., torch.Tensor] | None = None
-    """`penalty(params, anchor, batched)`: a term over the parameters and their initial values,
+    """`penalty(params, anchor, *, batched)`: a term over the parameters and their initial values,
     a scalar, or (K,) for K stacked clients (`batched`); None: the data term alone."""
 
     def loss_inputs(self, task: ClientTask, model: nn.Module) -> dict[str, np.ndarray]:
@@ -131,7 +131,7 @@ class FedAvgClient(ClientProcedure):
         """The objective on one batch: the data term, plus the penalty when there is one."""
         loss = self.data_loss(logits, y, state.extras.inputs)
         if self.penalty is not None:
-            loss = loss + self.penalty(dict(state.model.named_parameters()), state.extras.anchor, False)
+            loss = loss + self.penalty(dict(state.model.named_parameters()), state.extras.anchor, batched=False)
         return loss
 
     def step(self, state: LocalState, batch: Batch) -> torch.Tensor:

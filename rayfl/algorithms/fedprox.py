@@ -33,7 +33,7 @@ class FedProxClient(FedAvgClient):
     """FedAvg's local training on h_k (Eq. 2): the cross-entropy plus the proximal term."""
 
     def penalty(
-        self, params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], batched: bool
+        self, params: Mapping[str, torch.Tensor], anchor: Mapping[str, torch.Tensor], *, batched: bool
     ) -> torch.Tensor:
         """Eq. 2's proximal term (mu / 2) ||w - w^t||^2 (per client when `batched`)."""
         return self.config.algorithm.mu / 2 * squared_distance(params, anchor, batched)

@@ -19,6 +19,7 @@ import torch
 from ..config import ConfigError, ModelConfig
 from ..devices import DeviceProfile, DeviceState, ModelCost
 from ..optim import OptimizerSpec
+from ..statetypes import state_type
 from ..types import ClientId, Round, Weights
 
 
@@ -106,13 +107,14 @@ class ClientFailure:
         )
 
 
+@state_type
 @dataclass(frozen=True)
 class ServerState:
     """Everything a policy needs between rounds; a checkpoint is this state serialized.
 
     `opt_state` and `clients` may be any nesting of dicts, lists, tuples and dataclasses of
     numpy arrays, numbers and strings (`rayfl.checkpoint` writes them without pickle; a
-    policy's own dataclass is registered with `@rayfl.checkpoint.state_type`)."""
+    policy's own dataclass is registered with `@rayfl.statetypes.state_type`)."""
 
     round: Round
     weights: Weights

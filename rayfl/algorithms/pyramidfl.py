@@ -49,9 +49,9 @@ class PyramidFLPolicy(FedAvgPolicy):
         )
         return client_time(self.context.device_state(client, round), flops, model_bytes, model_bytes).total_s
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId], count: int) -> list[ClientId]:
         available = self.candidates(round, available)
-        k = min(self.config.federation.clients_per_round, len(available))
+        k = min(count, len(available))
         m = min(len(available), math.ceil(self.config.algorithm.oversample * k))
         reward = {c: float(state.clients[c]["reward"]) for c in available}
         seen = sorted((c for c in available if not math.isnan(reward[c])), key=lambda c: (-reward[c], c))

@@ -6,10 +6,10 @@ package. Algorithms of other packages plug in through the entry point group `ray
 (`PLUGINS`): each entry names a module that registers its algorithm(s) when imported, the way
 pytest and flake8 find their plugins; they are imported the first time the registry is asked.
 
-A config parsed by `rayfl.config.load.parse_config` carries its algorithm's record
+A config parsed by `rayfl.load.parse_config` carries its algorithm's record
 (`config.algorithm.record`, set here on the config class), so a run asks the registry once.
-`rayfl list` reads the built-in summaries without importing torch from `rayfl/catalog_algorithms.py`,
-which `python -m rayfl.algorithms` writes from the records.
+`rayfl list` reads the built-in summaries without importing torch from `rayfl/catalog_builtin.py`,
+which `python -m rayfl.algorithms` writes from the records (with the datasets' and model families').
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, get_args
 
 from .. import catalog
 from ..catalog import PLUGINS
@@ -162,7 +162,7 @@ def get(name: str) -> Algorithm:
     return _ALGORITHMS[name]
 
 
-LISTING = Path(__file__).resolve().parent.parent / "catalog_algorithms.py"
+LISTING = Path(__file__).resolve().parent.parent / "catalog_builtin.py"
 
 
 def builtin() -> dict[str, Algorithm]:
@@ -172,11 +172,62 @@ def builtin() -> dict[str, Algorithm]:
 
 
 def listing() -> str:
-    """The text of `rayfl/catalog_algorithms.py`: the built-in algorithms' summaries."""
-    rows = "".join(f"    {json.dumps(name)}: {json.dumps(a.summary)},\n" for name, a in builtin().items())
-    return (
-        '"""The built-in algorithms\' summaries, written by `python -m rayfl.algorithms` from their registrations\n'
-        "(`Algorithm.summary`), so `rayfl list` shows them without importing torch; tests/test_usersday.py\n"
-        'fails when it is stale."""\n\n'
-        f"ALGORITHMS = {{\n{rows}}}\n"
+    """The text of `rayfl/catalog_builtin.py`: the one-line summaries of rayfl's own datasets,
+    model families and algorithms, from their registrations (each table sorted by name)."""
+    from ..data import sources
+    from ..models import families
+
+    own = lambda fn: fn.__module__.split(".")[0] == "rayfl"
+    tables = {
+        "DATASETS": {name: s.summary for name, s in sorted(sources().items()) if own(s.load)},
+        "MODELS": {name: f.summary for name, f in sorted(families().items()) if own(f.build)},
+        "ALGORITHMS": {name: a.summary for name, a in builtin().items()},
+    }
+    text = (
+        '"""The one-line summaries of rayfl\'s own datasets, model families and algorithms, written by\n'
+        "`python -m rayfl.algorithms` from their registrations, so `rayfl list` shows them without\n"
+        'importing torch; tests/test_usersday.py fails when it is stale."""\n'
     )
+    for name, table in tables.items():
+        rows = "".join(_row(key, summary) for key, summary in table.items())
+        text += f"\n{name} = {{\n{rows}}}\n"
+    return text
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
+"""The algorithms page of a checkout (absent from an installed package), whose table `table` writes."""
+TABLE_MARKS = (
+    "<!-- the table below is written by `python -m rayfl.algorithms` -->",
+    "<!-- end of the written table -->",
+)
+
+
+def table() -> str:
+    """The table of `docs/algorithms.md`: each built-in algorithm, the keys its config adds to
+    `algorithm.*` (a key with one allowed value, such as FedAdam's `kind`, is its identity, not a
+    setting), and its summary."""
+    rows = ["| name | keys (`algorithm.*`) | what |", "|---|---|---|"]
+    for name, a in builtin().items():
+        keys = [k for k, f in a.config_class.model_fields.items() if k != "name" and len(get_args(f.annotation)) != 1]
+        rows.append(f"| `{name}` | {', '.join(f'`{k}`' for k in keys) or '-'} | {a.summary} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_table(page: str) -> str:
+    """`page` with its table between `TABLE_MARKS` written anew."""
+    start, end = TABLE_MARKS
+    head, rest = page.split(start + "\n", 1)
+    return f"{head}{start}\n{table()}{end}\n{rest.split(end + chr(10), 1)[1]}"
+
+
+def _row(key: str, summary: str, width: int = 120) -> str:
+    """`    "key": "summary",` with the summary cut at spaces into literals that fit `width`."""
+    line, rows = f"    {json.dumps(key)}: ", []
+    words = summary.split(" ")
+    while words:
+        part = words.pop(0)
+        while words and len(line) + len(json.dumps(f"{part} {words[0]} ")) + 1 <= width:
+            part += " " + words.pop(0)
+        rows.append(line + json.dumps(part + (" " if words else "")))
+        line = "    "
+    return "\n".join(rows) + ",\n"

@@ -14,10 +14,13 @@ from typing import Literal, Mapping
 
 import numpy as np
 
+from ..statetypes import state_type
+
 Kind = Literal["sgd", "adam", "yogi", "adagrad"]
 Arrays = Mapping[str, np.ndarray]
 
 
+@state_type
 @dataclass(frozen=True)
 class ServerOptState:
     kind: Kind

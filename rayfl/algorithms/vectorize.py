@@ -90,7 +90,7 @@ def train_vectorized(
         with ctx.autocast():
             loss = (procedure.data_loss(forward(params, buffers, x, w), y, inputs, "none") * w).sum(1)
             if initial is not None:
-                loss = loss + procedure.penalty(params, initial, True) * mask
+                loss = loss + procedure.penalty(params, initial, batched=True) * mask
         (loss * mask).sum().backward()
         if spec.grad_clip is not None:
             clip_per_client(params.values(), spec.grad_clip)

@@ -1,11 +1,11 @@
-"""A run's configuration: the schema (validated, frozen pydantic models, one module per section),
-YAML files read safely (`files`), and loading a config with `--set` overrides (`load`).
+"""A run's configuration: the schema (validated, frozen pydantic models, one module per section)
+and YAML files read safely with `--set` overrides (`files`).
 
 The key names are the ones docs/config.md documents. Unknown keys and wrong types are errors
 that name the offending key (`ConfigError`, worded by `files.format_error`). This package's
-`__init__` holds the schema only: `rayfl.config.load` (YAML and `--set` to a validated config)
-validates the model and algorithm sections with the class their family or algorithm registers,
-so it sits above the registries and is imported by name.
+`__init__` holds the schema only. Loading a config (`rayfl.load`: YAML and `--set` to a validated
+config) validates the model and algorithm sections with the class their family or algorithm
+registers, so it lives above the registries, outside this package (docs/design.md).
 """
 
 from .base import (

@@ -1,7 +1,9 @@
 """The base of every config section, the error bad input raises (`rayfl.config` re-exports
 both), the bounds on counts that would exhaust memory, and how a message shows what it echoes."""
 
+import difflib
 import unicodedata
+from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +52,12 @@ def shown(text: str, limit: int = MAX_SHOWN) -> str:
         return safe
     keep = (limit - 30) // 2
     return f"{safe[:keep]}...({len(safe) - 2 * keep} characters)...{safe[-keep:]}"
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the known name closest to a misspelt one, else ``."""
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def shown_key(key: str, limit: int = MAX_SHOWN) -> str:

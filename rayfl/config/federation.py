@@ -124,6 +124,10 @@ class DeadlineConfig(Strict):
         "(Bonawitz et al. 2019, Sec. 2.2); 0: never",
     )
 
+    def selected(self, target: int) -> int:
+        """The clients a round selects to close at K = `target` updates: ceil(K (1 + over_selection))."""
+        return math.ceil(target * (1 + self.over_selection) - 1e-9)
+
 
 class AsyncConfig(Strict):
     """`federation.mode: async`: `concurrency` clients always in flight, each replaced the moment
@@ -230,14 +234,6 @@ class FederationConfig(Strict):
     def target_clients(self) -> int:
         """Deadline mode's K (default `clients_per_round`)."""
         return self.deadline.target_clients or self.clients_per_round
-
-    @property
-    def selected_clients(self) -> int:
-        """The clients a round selects: `clients_per_round`, or under `mode: deadline`
-        ceil(K (1 + over_selection))."""
-        if self.mode != "deadline":
-            return self.clients_per_round
-        return math.ceil(self.target_clients * (1 + self.deadline.over_selection) - 1e-9)
 
     @property
     def concurrency(self) -> int:

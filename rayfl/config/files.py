@@ -4,7 +4,7 @@ raw config built from a file and `--set` overrides (paths made absolute, tags de
 `read_yaml` reads configs, device profiles and Tune files; `Loader` also parses `--set`
 values; `format_error` turns pydantic's errors into `ConfigError`'s one line (`rayfl/config/base.py`);
 `check_known_keys` finds a misspelt key before the registries (and torch) load. Nothing here reads
-a registry: `rayfl.config.load` validates the model and algorithm sections.
+a registry: `rayfl.load` validates the model and algorithm sections.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..catalog import closest
-from .base import MAX_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES, ConfigError, shown, shown_key
+from .base import MAX_DEPTH, MAX_YAML_BYTES, MAX_YAML_NODES, ConfigError, closest, shown, shown_key
 
 
 def _clean_loc(loc: tuple[Any, ...], raw: Any) -> list[str]:
@@ -317,14 +316,14 @@ def with_overrides(raw: Mapping[str, Any], overrides: list[str]) -> dict[str, An
 
 
 EARLY = ("model", "algorithm")
-"""Sections whose keys only their family's or algorithm's class knows (`rayfl.config.load`)."""
+"""Sections whose keys only their family's or algorithm's class knows (`rayfl.load`)."""
 
 
 def check_known_keys(raw: Mapping[str, Any]) -> None:
     """`ConfigError` naming the first unknown key of a raw config outside the model and algorithm
     sections and the data partition (whose kind a data source may choose): the keys a typo most
     often hits, found before the registries, and torch with them, load. The whole config is
-    validated after (`rayfl.config.load.parse_config`), so no other error is reported here."""
+    validated after (`rayfl.load.parse_config`), so no other error is reported here."""
     from .run import RunConfig
 
     rest = with_default_tags({k: v for k, v in raw.items() if k not in EARLY}, RunConfig, RunConfig())
@@ -341,30 +340,3 @@ def check_known_keys(raw: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"{shown_key('.'.join(loc))}: unknown key{closest(loc[-1], known_keys(RunConfig, loc[:-1]))}"
             ) from None
-
-
-RESUMABLE = ("federation.rounds", "federation.checkpoint_every", "federation.target_accuracy", "ray", "metrics")
-"""What `--resume` may change (docs/cli.md): more rounds, when to checkpoint, the summary's target,
-and how and where the run executes. Any other key would change the computation of the rounds
-still to run, so a resumed run would not equal the uninterrupted one: it is refused."""
-
-
-def _flat(raw: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        return {prefix: raw}
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def computation_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The keys (dotted; `algorithm.name` first, the rest sorted) whose values differ between two
-    configs outside `RESUMABLE`, with the value in each (None where a config lacks the key)."""
-    old, new = _flat(before), _flat(after)
-    kept = lambda key: not any(key == k or key.startswith(f"{k}.") for k in RESUMABLE)
-    return [
-        (k, old.get(k), new.get(k))
-        for k in sorted(old.keys() | new.keys(), key=lambda k: (k != "algorithm.name", k))
-        if kept(k) and old.get(k) != new.get(k)
-    ]

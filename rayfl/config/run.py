@@ -39,7 +39,7 @@ class AlgorithmConfig(Strict):
     name: str = "fedavg"
     record: ClassVar[Any] = None
     """The algorithm this config class serves (`rayfl.algorithms.registry.Algorithm`), set when it
-    registers: a config parsed by `rayfl.config.load.parse_config` carries its algorithm."""
+    registers: a config parsed by `rayfl.load.parse_config` carries its algorithm."""
 
 
 class MetricsConfig(Strict):
@@ -75,10 +75,10 @@ class RunConfig(Strict):
         fed, n = self.federation, self.data.num_clients
         if fed.clients_per_round > n:
             raise ValueError(f"federation.clients_per_round ({fed.clients_per_round}) exceeds data.num_clients ({n})")
-        if fed.mode == "deadline" and fed.selected_clients > n:
+        if fed.mode == "deadline" and fed.deadline.selected(fed.target_clients) > n:
             raise ValueError(
                 f"federation.deadline: K = {fed.target_clients} with over_selection {fed.deadline.over_selection:g} "
-                f"selects {fed.selected_clients} clients; data.num_clients is {n}"
+                f"selects {fed.deadline.selected(fed.target_clients)} clients; data.num_clients is {n}"
             )
         if fed.mode == "deadline" and fed.deadline.min_reports > fed.target_clients:
             raise ValueError(

@@ -203,6 +203,10 @@ class SyntheticClients(Clients):
         return x[:n], y[:n]
 
 
-@source("synthetic", partition="natural")
+@source(
+    "synthetic",
+    "FedProx's Synthetic(alpha, beta): one logistic model per client, 60-d inputs, each client generated on demand",
+    partition="natural",
+)
 def load_synthetic(config: DataConfig, seed: int) -> SyntheticClients:
     return SyntheticClients(config.synthetic, config.num_clients, seed)

@@ -110,7 +110,11 @@ def labels(train: Any, test: Any, column: str) -> tuple[np.ndarray, np.ndarray, 
     return to_ids(train), to_ids(test), len(values)
 
 
-@source("hf")
+@source(
+    "hf",
+    "a Hugging Face dataset (data.path: hub id or local folder / file; data.features: image or text, label) "
+    "through the datasets library",
+)
 def load_hf(config: DataConfig, seed: int) -> Dataset:
     """A Hugging Face dataset as pooled arrays (module docstring)."""
     train, test = (with_folder_labels(split, config) for split in load_splits(config, seed))

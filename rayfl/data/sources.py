@@ -43,23 +43,22 @@ class Source:
     name: str
     load: Callable[[DataConfig, int], Any]
     """`load(config, seed)`: a pooled `Dataset`, or a generated federation's `Clients`."""
+    summary: str
+    """One line for `rayfl list` (the built-ins' copied to `rayfl/catalog_builtin.py`)."""
     partition: str = "dirichlet"
     """The partition kind a config that names none takes (`natural` for a generated federation)."""
-
-    @property
-    def summary(self) -> str:
-        return catalog.DATASETS[self.name]
 
 
 _SOURCES: dict[str, Source] = {}
 
 
-def source(name: str, partition: str = "dirichlet") -> Callable[[Callable[[DataConfig, int], Any]], Callable]:
-    """Decorator: register `load(config, seed)` under `name` (listed in `rayfl.catalog.DATASETS`)."""
+def source(
+    name: str, summary: str, partition: str = "dirichlet"
+) -> Callable[[Callable[[DataConfig, int], Any]], Callable]:
+    """Decorator: register `load(config, seed)` under `name`, with its one-line `summary`."""
 
     def wrap(load: Callable[[DataConfig, int], Any]) -> Callable[[DataConfig, int], Any]:
-        catalog.summary(catalog.DATASETS, "dataset", name)
-        _SOURCES[name] = Source(name, load, partition)
+        _SOURCES[name] = Source(name, load, summary, partition)
         return load
 
     return wrap
@@ -84,7 +83,7 @@ def _standardize(x_train: np.ndarray, x_test: np.ndarray, axis: tuple[int, ...])
     return ((x_train - mean) / std).astype(np.float32), ((x_test - mean) / std).astype(np.float32)
 
 
-@source("digits")
+@source("digits", "scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes); no download")
 def load_digits(config: DataConfig, seed: int) -> Dataset:
     """The embedded default. The 25% test split is fixed (stratified, independent of the run seed)."""
     from sklearn.datasets import load_digits as sk_digits
@@ -98,7 +97,7 @@ def load_digits(config: DataConfig, seed: int) -> Dataset:
     return Dataset("digits", x_tr, y_tr, x_te, y_te, 10)
 
 
-@source("mnist1d")
+@source("mnist1d", "MNIST-1D (Greydanus 2020), generated locally with the mnist1d package; 4000/1000, length 40")
 def load_mnist1d(config: DataConfig, seed: int) -> Dataset:
     """The canonical MNIST-1D (the package's default arguments, seed 42), generated, never downloaded."""
     from mnist1d.data import get_dataset_args, make_dataset
@@ -145,5 +144,5 @@ def _load_torchvision(config: DataConfig, seed: int) -> Dataset:
     return Dataset(config.name, arrays[0], arrays[1], arrays[2], arrays[3], num_classes)
 
 
-for _name in _TORCHVISION:
-    source(_name)(_load_torchvision)
+for _name, (_class, _classes, *_) in _TORCHVISION.items():
+    source(_name, f"torchvision {_class} ({_classes} classes) from data.data_dir")(_load_torchvision)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
-from ..catalog import closest, profile_files
+from ..catalog import profile_files
 from ..config import ConfigError, DevicesConfig, Strict, mix_shares
+from ..config.base import closest
 from ..config.files import format_error, read_yaml
 
 ENERGY_J_PER_GFLOP = 0.1

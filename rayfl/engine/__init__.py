@@ -7,7 +7,7 @@ hosts (`actors/`) host it side by side; it never imports either (`docs/design.md
 from .federation import Federation, build_federation
 from .host import ClientRunner, GroupOutcome, run_group, torch_threads
 from .loop import Paused, Progress, Start, new_run_dir, prepare, run_federation, start_of
-from .round import Executor, Pace, run_round
+from .round import Executor, HoldSeconds, run_round
 from .scheduler import SCHEDULERS, Scheduler, Synchronous
 
 __all__ = [
@@ -16,7 +16,7 @@ __all__ = [
     "Executor",
     "Federation",
     "GroupOutcome",
-    "Pace",
+    "HoldSeconds",
     "Paused",
     "Progress",
     "Scheduler",

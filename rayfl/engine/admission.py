@@ -24,6 +24,7 @@ from typing import Sequence
 from ..algorithms.local import epoch_samples
 from ..algorithms.messages import ClientFailure, ClientResult, ClientTask
 from ..devices import DeviceState, client_time, energy_j, spent
+from ..statetypes import state_type
 from .federation import Federation
 from .host import Settled
 
@@ -59,6 +60,7 @@ def planned_seconds(fed: Federation, task: ClientTask) -> float:
     return plan(fed, task).seconds
 
 
+@state_type
 @dataclass
 class Batteries:
     """Charge left (J) and the start of the online stretch it was measured in, per client that

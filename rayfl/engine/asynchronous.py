@@ -32,7 +32,7 @@ from ..algorithms.messages import ClientTask, ServerState
 from ..algorithms.staleness import fedasync, fedbuff
 from .admission import Batteries, admit, dropped, planned_seconds
 from .federation import Federation
-from .flights import Flight, Move, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
+from .flights import Flight, Pending, Rebase, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
 from .round import Executor, RoundOutcome, groups_of, round_row
 
@@ -41,7 +41,7 @@ def key(task: ClientTask) -> tuple[int, int]:
     return (task.client_id, task.round)
 
 
-class Queue:
+class AsyncServer:
     """The clients in flight of an asynchronous federation, and the server's state."""
 
     def __init__(
@@ -146,13 +146,13 @@ class Queue:
         k = key(task)
         if k not in self.records:
             b = self.batch_of[k]
-            tasks, gather = self.batches[b]
-            self.records.update((key(t), r) for t, r in zip(tasks, (r for g in gather() for r in g.settled)))
+            tasks, collect = self.batches[b]
+            self.records.update((key(t), r) for t, r in zip(tasks, (r for g in collect() for r in g.settled)))
             self.batches[b] = None  # its tasks' weights and the executor's references go
         self.batch_of.pop(k, None)
         return self.records.pop(k)
 
-    def rule(self, state: ServerState) -> Move:
+    def rule(self, state: ServerState) -> Rebase:
         """The server's rule for an arrived update: FedAsync's mix into `state`'s model, or FedBuff's
         staleness-scaled delta on it (`staleness`)."""
         cfg, params = self.fed.config.federation, self.fed.context.param_names
@@ -208,7 +208,7 @@ class Asynchronous:
         pending: Pending | None,
         batteries: Batteries,
     ) -> Generator[RoundOutcome, None, None]:
-        queue = Queue(fed, executor, state, virtual_time_s, pending, batteries)
+        queue = AsyncServer(fed, executor, state, virtual_time_s, pending, batteries)
         done: RoundOutcome | None = None
         while queue.state.round < fed.config.federation.rounds:
             arrived = queue.advance()

@@ -1,17 +1,17 @@
 """Deadline rounds with over-selection (`federation.mode: deadline`).
 
-Bonawitz et al., "Towards Federated Learning at Scale: System Design", MLSys 2019, Sec. 2.2:
-the server selects more devices than it needs (FedScale's and Oort's `overcommitment`) and
-closes the round once enough have reported or a time limit passes. Here a round selects
-ceil(K (1 + over_selection)) clients (`federation.selected_clients`), all dispatched together
-against the current model at the round's start T, and on the virtual clock they arrive at
-T + their time. The round closes at the K-th update in arrival order (ties by client id) or at
-T + `deadline_s`, whichever comes first; without either it waits for every client (a round
-that selected nobody lasts until the next late client arrives, or its deadline). Clients
-after the close are late (status `late`, charged what they spent): their updates are dropped,
-or with `late: carry` aggregated in the round they arrive in, moved onto the model of that
-round with their staleness weight (`staleness.carried`). A late client is busy, never
-selected, until it arrives.
+Bonawitz et al., "Towards Federated Learning at Scale: System Design", MLSys 2019, Sec. 2.2: the
+server selects more devices than it needs (FedScale's and Oort's `overcommitment`) and closes the
+round once enough have reported or a time limit passes. Here a round selects ceil(K (1 +
+over_selection)) clients (`DeadlineConfig.selected`: the number this scheduler passes the policy),
+all dispatched together against the current model at the round's start T, and on the virtual clock
+they arrive at T + their time. The round closes at the K-th update in arrival order (ties by
+client id) or at T + `deadline_s`, whichever comes first; without either it waits for every client
+(a round that selected nobody lasts until the next late client arrives, or its deadline). Clients
+after the close are late (status `late`, charged what they spent): their updates are dropped, or
+with `late: carry` aggregated in the round they arrive in, moved onto the model of that round with
+their staleness weight (`staleness.carried`). A late client is busy, never selected, until it
+arrives.
 
 Bonawitz et al. abandon a round when too few devices report in time; here that is
 `federation.deadline.min_reports` M (0, the default: never). A round that selected clients and
@@ -24,6 +24,7 @@ busy) only waits for the next late arrival: it is never abandoned.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Callable, Generator
 
@@ -31,12 +32,12 @@ from ..algorithms.messages import ClientResult, ClientTask, ServerState
 from ..algorithms.staleness import carried
 from .admission import Batteries
 from .federation import Federation
-from .flights import Flight, Move, Pending, flight_row, merge_arrivals, reconfigure, staleness_columns
+from .flights import Flight, Pending, Rebase, flight_row, merge_arrivals, reconfigure, staleness_columns
 from .host import GroupOutcome, Settled
-from .round import Dispatched, Executor, RoundOutcome, client_seconds, dispatch, groups_of, round_row
+from .round import Executor, RoundOutcome, RoundUnderway, client_seconds, dispatch, groups_of, round_row
 
 
-class Late:
+class LateClients:
     """The late clients still out: flights, and for carried ones their outcome and task."""
 
     def __init__(self, fed: Federation, executor: Executor, pending: Pending | None):
@@ -44,12 +45,12 @@ class Late:
         self.flights: list[Flight] = list(pending.flights) if pending else []
         self.states: dict[int, ServerState] = dict(pending.states) if pending else {}
         self.outcomes: dict[int, tuple[Settled, ClientTask]] = {}
-        self.gather: Callable[[], list[GroupOutcome]] | None = None
+        self.collect: Callable[[], list[GroupOutcome]] | None = None
         self.tasks: list[ClientTask] = []
         carried = [f for f in self.flights if f.carry]
         if carried:  # a resumed run: train the carried clients again, as they trained before it stopped
             self.tasks = [reconfigure(fed, f, self.states) for f in carried]
-            self.gather = executor.submit(groups_of(self.tasks, fed.config.call_size), sums=False)
+            self.collect = executor.submit(groups_of(self.tasks, fed.config.call_size), sums=False)
 
     def busy(self) -> set[int]:
         return {f.client_id for f in self.flights}
@@ -63,10 +64,10 @@ class Late:
     def arrive(self, by: float) -> list[tuple[Flight, Settled, ClientTask]]:
         """The carried updates arriving by `by`, in arrival order; every flight arriving by
         then leaves (a dropped one's update is thrown away)."""
-        if self.gather is not None:
-            records = [r for g in self.gather() for r in g.settled]
+        if self.collect is not None:
+            records = [r for g in self.collect() for r in g.settled]
             self.outcomes.update((t.client_id, (r, t)) for r, t in zip(records, self.tasks))
-            self.gather = None
+            self.collect = None
         arrived = sorted((f for f in self.flights if f.arrives_at <= by), key=lambda f: f.key)
         self.flights = [f for f in self.flights if f.arrives_at > by]
         return [(f, *self.outcomes.pop(f.client_id)) for f in arrived if f.carry]
@@ -90,30 +91,28 @@ class Deadline:
         pending: Pending | None,
         batteries: Batteries,
     ) -> Generator[RoundOutcome, None, None]:
-        late = Late(fed, executor, pending)
-        last = fed.config.federation.rounds
+        late = LateClients(fed, executor, pending)
+        cfg = fed.config.federation
+        last, count = cfg.rounds, cfg.deadline.selected(cfg.target_clients)  # over-selected
         if state.round >= last:
             return
-        d = dispatch(fed, state, state.round + 1, executor, virtual_time_s, batteries, sums=False, busy=late.busy())
+        send = functools.partial(dispatch, fed, executor=executor, batteries=batteries, count=count, sums=False)
+        d = send(state, state.round + 1, start=virtual_time_s, busy=late.busy())
         while True:
             out = replace(close(fed, d, state, virtual_time_s, late), batteries=batteries.snapshot())
             state, virtual_time_s = out.state, out.row["virtual_time_s"]
-            following = (
-                dispatch(fed, state, d.round + 1, executor, virtual_time_s, batteries, sums=False, busy=late.busy())
-                if d.round < last
-                else None
-            )
+            following = send(state, d.round + 1, start=virtual_time_s, busy=late.busy()) if d.round < last else None
             yield out
             if following is None:
                 return
             d = following
 
 
-def close(fed: Federation, d: Dispatched, state: ServerState, start: float, late: Late) -> RoundOutcome:
+def close(fed: Federation, d: RoundUnderway, state: ServerState, start: float, late: LateClients) -> RoundOutcome:
     """Gather the round's clients, close it at the K-th update or the deadline, aggregate the
     updates on time and the carried ones arriving by then; record each client."""
     cfg, rnd = fed.config.federation, d.round
-    records = d.records(d.gather())
+    records = d.records(d.collect())
     tasks = {t.client_id: t for t in d.tasks}
     slots = {t.client_id: k for k, t in enumerate(d.tasks)}
     arrivals = sorted(
@@ -174,7 +173,7 @@ Arrival = tuple[float, int, Settled]
 
 
 def closing(
-    fed: Federation, arrivals: list[Arrival], start: float, late: Late
+    fed: Federation, arrivals: list[Arrival], start: float, late: LateClients
 ) -> tuple[list[Arrival], list[Arrival], float, int]:
     """Bonawitz et al.'s closing rule over a round's `arrivals` (in arrival order): the round
     closes at its K-th update (failed, rejected and skipped clients do not count) or at its
@@ -200,7 +199,7 @@ def closing(
     return on_time, missed, closed_at, updates
 
 
-def carry_onto(fed: Federation, state: ServerState) -> Move:
+def carry_onto(fed: Federation, state: ServerState) -> Rebase:
     """A deadline round's rule for its updates: one on time is taken as it is; a carried one is
     moved onto `state`'s model, keeping its weight among them (`staleness.carried`)."""
     cfg, params = fed.config.federation.staleness, fed.context.param_names

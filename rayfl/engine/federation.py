@@ -86,7 +86,7 @@ def build_federation(config: RunConfig) -> Federation:
     executor. Nothing here loops over the clients: a population of millions costs a few arrays."""
     algorithm = config.algorithm.record
     if algorithm is None or algorithm.name != config.algorithm.name:  # a config built by hand, or changed since
-        raise ConfigError("algorithm: a config not parsed by rayfl.config.load.parse_config names no algorithm")
+        raise ConfigError("algorithm: a config not parsed by rayfl.load.parse_config names no algorithm")
     clients = load_clients(config.data, config.seed)
     population = Population.of(config.devices, config.data.num_clients, config.seed)
     models = ModelCache(clients.input_shape, clients.num_classes)

@@ -18,12 +18,14 @@ import numpy as np
 
 from ..algorithms.aggregate import add_up
 from ..algorithms.messages import ClientResult, ClientTask, ServerState
+from ..statetypes import state_type
 from ..types import ClientId, Round
 from .federation import Federation
 from .host import Settled
 from .round import client_row
 
 
+@state_type
 @dataclass(frozen=True)
 class Flight:
     """One task out on a device."""
@@ -44,6 +46,7 @@ class Flight:
         return (self.arrives_at, self.client_id)
 
 
+@state_type
 @dataclass(frozen=True)
 class Pending:
     """What a deadline or asynchronous run checkpoints besides its server state."""
@@ -77,7 +80,7 @@ def flight_row(
     return row
 
 
-Move = Callable[[ClientResult, ClientTask, int], ClientResult]
+Rebase = Callable[[ClientResult, ClientTask, int], ClientResult]
 """The scheduler's rule for an arrived update (result, its task, its staleness): the result as if
 trained from the current model (`staleness`: FedAsync's mix, FedBuff's rebase, a carried update's)."""
 
@@ -87,7 +90,7 @@ def merge_arrivals(
     state: ServerState,
     rnd: Round,
     arrivals: Sequence[tuple[ClientResult, ClientTask, int]],
-    move: Move,
+    move: Rebase,
 ) -> tuple[ServerState, list[ClientResult]]:
     """The policy's aggregate over arrived updates (result, its task, its staleness), in the order
     given, each moved onto `state`'s model by the scheduler's `move`; as in a synchronous round, a

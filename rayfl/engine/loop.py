@@ -25,8 +25,8 @@ from .. import checkpoint
 from ..algorithms.capabilities import Collapses, Summarizes
 from ..algorithms.messages import ServerState
 from ..config import ConfigError, RunConfig, shown, to_dict
-from ..config.files import computation_changes
 from ..metrics import Recorder, TensorBoard
+from ..resume import computation_changes
 from ..storage import dump_config
 from .admission import Batteries
 from .federation import Federation, build_federation

@@ -32,7 +32,7 @@ from .admission import Batteries, admit
 from .federation import Federation
 from .host import GroupOutcome, Settled, settle_all
 
-Pace = Callable[[GroupOutcome], float]
+HoldSeconds = Callable[[GroupOutcome], float]
 """`clock: emulate`: the wall seconds a group's host must stay busy (its clients' scaled virtual
 times, one after another)."""
 
@@ -41,11 +41,11 @@ class Executor(Protocol):
     """Runs a round's groups of tasks; hosts `host.run_group`."""
 
     def submit(
-        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, pace: Pace | None = None
+        self, groups: Sequence[Sequence[ClientTask]], *, sums: bool, hold_s: HoldSeconds | None = None
     ) -> Callable[[], list[GroupOutcome]]:
         """Start the groups; the returned call waits for them and gives their outcomes in group
         order. With `sums` (the scheduler's say), each group's accepted clients are added up where
-        they ran (`host.run_group`). With `pace`, a group's host stays busy for `pace(outcome)`
+        they ran (`host.run_group`). With `hold_s`, a group's host stays busy for `hold_s(outcome)`
         seconds from its start."""
 
     def exchange(self, tasks: Sequence[ClientTask], driver: RoundDriver) -> list[ClientResult | ClientFailure]:
@@ -54,19 +54,19 @@ class Executor(Protocol):
 
 
 @dataclass(frozen=True)
-class Dispatched:
+class RoundUnderway:
     """A round whose tasks are out: what `settle_round` needs to finish it."""
 
     round: Round
     selected: Sequence[int]
     tasks: list[ClientTask]
     driver: RoundDriver | None
-    gather: Callable[[], list[GroupOutcome]]
+    collect: Callable[[], list[GroupOutcome]]
     held: list[Settled]
     """The selected clients settled when dispatched (`admission`: declined, dropped)."""
 
     def records(self, outcomes: Sequence[GroupOutcome]) -> list[Settled]:
-        """Every selected client's record, given its groups' outcomes (`gather()`), in client-id order."""
+        """Every selected client's record, given its groups' outcomes (`collect()`), in client-id order."""
         return sorted([r for g in outcomes for r in g.settled] + self.held, key=lambda r: r.outcome.client_id)
 
 
@@ -95,36 +95,38 @@ def dispatch(
     start: float,
     batteries: Batteries,
     *,
+    count: int,
     sums: bool,
     busy: Collection[ClientId] = (),
-) -> Dispatched:
-    """At virtual time `start`, select among the clients online and not `busy` (still training an
-    earlier task), configure the round's tasks, settle those their devices decline or cannot
-    finish (`admission.admit`) and start the rest, added up where they run when the scheduler
-    says `sums` (a server-in-the-loop round starts when gathered, since its driver runs here)."""
+) -> RoundUnderway:
+    """At virtual time `start`, select `count` (the scheduler's number; the policy may choose
+    otherwise) among the clients online and not `busy` (still training an earlier task), configure
+    the round's tasks, settle those their devices decline or cannot finish (`admission.admit`) and
+    start the rest, added up where they run when the scheduler says `sums` (a server-in-the-loop
+    round starts when gathered, since its driver runs here)."""
     policy, cfg = fed.policy, fed.config
     available = fed.population.available(rnd, start)
     if busy:
         available = np.setdiff1d(np.asarray(available), np.fromiter(busy, int))
-    selected = policy.select(state, rnd, available)
+    selected = policy.select(state, rnd, available, count)
     configured = sorted(policy.configure(state, rnd, selected), key=lambda t: t.client_id)
     tasks, held = admit(fed, configured, start, batteries)
     driver = policy.open_driver(state, rnd, tasks) if tasks and isinstance(policy, DrivesRounds) else None
     if driver is not None:
 
-        def gather() -> list[GroupOutcome]:
+        def collect() -> list[GroupOutcome]:
             results = sorted(executor.exchange(tasks, driver), key=lambda o: o.client_id)
             return [settle_all(fed.account, zip(tasks, results), Sum() if sums else None)]
 
     else:
-        pace = None
+        hold_s = None
         if cfg.clock == "emulate":
 
-            def pace(group: GroupOutcome) -> float:
+            def hold_s(group: GroupOutcome) -> float:
                 return cfg.clock_scale * sum(client_seconds(fed, rnd, s) for s in group.settled)
 
-        gather = executor.submit(groups_of(tasks, cfg.call_size), sums=sums, pace=pace)
-    return Dispatched(rnd, selected, configured, driver, gather, held)
+        collect = executor.submit(groups_of(tasks, cfg.call_size), sums=sums, hold_s=hold_s)
+    return RoundUnderway(rnd, selected, configured, driver, collect, held)
 
 
 def client_seconds(fed: Federation, rnd: Round, record: Settled) -> float:
@@ -163,12 +165,12 @@ def client_row(fed: Federation, task: ClientTask, record: Settled) -> dict[str, 
     return row
 
 
-def settle_round(fed: Federation, state: ServerState, d: Dispatched, virtual_time_s: float) -> RoundOutcome:
+def settle_round(fed: Federation, state: ServerState, d: RoundUnderway, virtual_time_s: float) -> RoundOutcome:
     """Wait for the round's clients, record them, aggregate; the row's test metrics are left for
     `evaluate` (NaN). `virtual_time_s` is the clock before the round."""
     policy, cfg, rnd = fed.policy, fed.config, d.round
     started = time.perf_counter()  # a server-in-the-loop round's exchange runs from here
-    outcomes = d.gather()
+    outcomes = d.collect()
     by_client = {t.client_id: t for t in d.tasks}
     records = d.records(outcomes)
     accepted = [r.outcome for r in records if r.status == "ok"]
@@ -256,5 +258,6 @@ def run_round(
 ) -> RoundOutcome:
     """One synchronous round, evaluated (summed where its clients run, as `Synchronous` does);
     `virtual_time_s` is the clock before it starts."""
-    dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), sums=fed.account.sums)
+    count, sums = fed.config.federation.clients_per_round, fed.account.sums
+    dispatched = dispatch(fed, state, rnd, executor, virtual_time_s, batteries or Batteries(), count=count, sums=sums)
     return evaluate(fed, settle_round(fed, state, dispatched, virtual_time_s))

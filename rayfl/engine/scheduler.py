@@ -54,8 +54,9 @@ class Synchronous:
     ) -> Generator[RoundOutcome, None, None]:
         done: RoundOutcome | None = None
         sums = fed.account.sums  # a synchronous round takes every update: summed where it ran
+        count = fed.config.federation.clients_per_round
         for rnd in range(state.round + 1, fed.config.federation.rounds + 1):
-            next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries, sums=sums)
+            next_round = dispatch(fed, state, rnd, executor, virtual_time_s, batteries, count=count, sums=sums)
             if done is not None:
                 yield done
             done = replace(settle_round(fed, state, next_round, virtual_time_s), batteries=batteries.snapshot())

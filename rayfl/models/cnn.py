@@ -19,7 +19,7 @@ class CnnConfig(ScaledConfig):
     name: str = "cnn"
 
 
-@register("cnn", CnnConfig)
+@register("cnn", CnnConfig, "HeteroFL CNN: 4 conv blocks [64,128,256,512]*rate, image input (C,H,W)")
 def build_cnn(config: CnnConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn", input_shape, 3, "image (C, H, W)")
     widths = [scaled(w, config.rate) for w in HIDDEN]

@@ -19,7 +19,9 @@ class Cnn1dConfig(ScaledConfig, SplitConfig):
     channels: int = Field(32, ge=1, description="conv channels at rate 1")
 
 
-@register("cnn1d", Cnn1dConfig)
+@register(
+    "cnn1d", Cnn1dConfig, "1-D CNN: 3 conv(k5, s2) blocks * rate + linear, sequence input (C,L); split after 2 convs"
+)
 def build_cnn1d(config: Cnn1dConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn1d", input_shape, 2, "sequence (C, L)")
     width = scaled(config.channels, config.rate)

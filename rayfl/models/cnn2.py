@@ -17,7 +17,7 @@ class Cnn2Config(WidthConfig, SplitConfig):
     split_layer: int = 2
 
 
-@register("cnn2", Cnn2Config)
+@register("cnn2", Cnn2Config, "FedAvg's CNN: 2 conv(5x5) [32,64]*rate + pool, fc 512*rate, image input (C,H,W)")
 def build_cnn2(config: Cnn2Config, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn2", input_shape, 3, "image (C, H, W)")
     c1, c2, hidden = scaled(32, config.rate), scaled(64, config.rate), scaled(512, config.rate)

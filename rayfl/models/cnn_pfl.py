@@ -18,7 +18,11 @@ class CnnPflConfig(WidthConfig):
     name: str = "cnn_pfl"
 
 
-@register("cnn_pfl", CnnPflConfig)
+@register(
+    "cnn_pfl",
+    CnnPflConfig,
+    "pfl-research's CIFAR-10 CNN: 2 conv(3x3) [32,64]*rate + pool + dropout, fc 128*rate + dropout",
+)
 def build_cnn_pfl(config: CnnPflConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn_pfl", input_shape, 3, "image (C, H, W)")
     channels, h, w = input_shape

@@ -97,6 +97,11 @@ class HFEncoder(nn.Module):
         return self.head(h)
 
 
-@register("hf_encoder", HFEncoderConfig)
+@register(
+    "hf_encoder",
+    HFEncoderConfig,
+    "Hugging Face encoder (BERT/RoBERTa/MiniLM) cut to its bottom depth layers; numeric tokens as inputs_embeds; "
+    "needs transformers",
+)
 def build_hf_encoder(config: HFEncoderConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return HFEncoder(config, input_shape, num_classes)

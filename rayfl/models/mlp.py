@@ -17,7 +17,7 @@ class MlpConfig(ScaledConfig):
     norm: Norm = "none"
 
 
-@register("mlp", MlpConfig)
+@register("mlp", MlpConfig, "MLP: flatten -> [Linear -> Scaler -> norm -> ReLU]* -> Linear, any input")
 def build_mlp(config: MlpConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
     features = math.prod(input_shape)

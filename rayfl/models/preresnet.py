@@ -70,7 +70,7 @@ class PreResNet(nn.Module):
         return self.linear(out.mean(dim=(2, 3)))
 
 
-@register("preresnet18", PreResNetConfig)
+@register("preresnet18", PreResNetConfig, "HeteroFL PreResNet-18: 4 stages x 2 pre-activation blocks [64..512]*rate")
 def build_preresnet18(config: PreResNetConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("preresnet18", input_shape, 3, "image (C, H, W)")
     return PreResNet(config, input_shape[0], num_classes)

@@ -153,7 +153,11 @@ class PreResNet20(nn.Module):
         return self.head(z)
 
 
-@register("preresnet20", PreResNet20Config)
+@register(
+    "preresnet20",
+    PreResNet20Config,
+    "FeDepth PreResNet-20: stem + 9 pre-activation blocks [16x3, 32x3, 64x3]*rate, shared head, skip links",
+)
 def build_preresnet20(config: PreResNet20Config, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) not in (2, 3):
         require_input("preresnet20", input_shape, 3, "image (C, H, W) or sequence (C, L)")

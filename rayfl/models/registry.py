@@ -18,24 +18,21 @@ class ModelFamily:
     name: str
     config_class: type[ModelConfig]
     build: Builder
-
-    @property
-    def summary(self) -> str:
-        return catalog.MODELS[self.name]
+    summary: str
+    """One line for `rayfl list` (the built-ins' copied to `rayfl/catalog_builtin.py`)."""
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
 
 
-def register(name: str, config_class: type[ModelConfig]) -> Callable[[Builder], Builder]:
-    """Decorator: register `build(config, input_shape, num_classes) -> nn.Module` under `name`
-    (listed in `rayfl.catalog.MODELS`)."""
+def register(name: str, config_class: type[ModelConfig], summary: str) -> Callable[[Builder], Builder]:
+    """Decorator: register `build(config, input_shape, num_classes) -> nn.Module` under `name`,
+    with its one-line `summary`."""
 
     def wrap(build: Builder) -> Builder:
-        catalog.summary(catalog.MODELS, "model family", name)
         if name in _FAMILIES:
             raise ValueError(f"model family {name!r} registered twice")
-        _FAMILIES[name] = ModelFamily(name, config_class, build)
+        _FAMILIES[name] = ModelFamily(name, config_class, build, summary)
         return build
 
     return wrap

@@ -66,7 +66,12 @@ class ResStack(nn.Module):
         return self.head(self.layers(self.stem(x)))
 
 
-@register("resstack", ResStackConfig)
+@register(
+    "resstack",
+    ResStackConfig,
+    "Residual conv stack: stem -> depth x residual blocks (width) -> pool -> linear, sequences or images; depth- "
+    "and width-scalable",
+)
 def build_resstack(config: ResStackConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) not in (2, 3):
         raise ConfigError(

@@ -23,7 +23,7 @@ class AlexNetConfig(SplitConfig):
     split_layer: int = 5
 
 
-@register("alexnet", AlexNetConfig)
+@register("alexnet", AlexNetConfig, "AlexNet for 32x32 (MergeSFL): 5 convs + 3 FC, split after layer 5 by default")
 def build_alexnet(config: AlexNetConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("alexnet", input_shape, 3, "image (C, H, W)")
     c, h, w = input_shape
@@ -60,7 +60,7 @@ class Vgg16Config(SplitConfig):
 VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M1", 512, 512, 512, "M")
 
 
-@register("vgg16", Vgg16Config)
+@register("vgg16", Vgg16Config, "VGG-16-BN (MergeSFL, IMAGE-100 at 144x144): 13 convs + 3 FC, split after layer 13")
 def build_vgg16(config: Vgg16Config, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("vgg16", input_shape, 3, "image (C, H, W)")
     layers: list[nn.Module] = []
@@ -91,7 +91,7 @@ class CnnHConfig(SplitConfig):
     split_layer: int = 3
 
 
-@register("cnn_h", CnnHConfig)
+@register("cnn_h", CnnHConfig, "CNN-H for HAR (MergeSFL): 3 conv(5x5) + 2 FC, split after layer 3")
 def build_cnn_h(config: CnnHConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn_h", input_shape, 3, "image-like (C, H, W)")
     c = input_shape[0]
@@ -116,7 +116,7 @@ class CnnSConfig(SplitConfig):
     split_layer: int = 4
 
 
-@register("cnn_s", CnnSConfig)
+@register("cnn_s", CnnSConfig, "CNN-S for speech (MergeSFL, M5-style): 4 conv1d + 1 FC, split after layer 4")
 def build_cnn_s(config: CnnSConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     require_input("cnn_s", input_shape, 2, "sequence (C, L)")
     c = input_shape[0]

@@ -319,5 +319,11 @@ def _build(config: SupernetConfig, input_shape: tuple[int, ...], num_classes: in
     return Supernet(config, input_shape, num_classes)
 
 
-register("supernet", SupernetConfig)(_build)
-register("supernet_small", SupernetSmallConfig)(_build)
+register(
+    "supernet", SupernetConfig, "FedSup supernet: MobileNetV1 stages with elastic width, depth and kernel (Table 5), PN"
+)(_build)
+register(
+    "supernet_small",
+    SupernetSmallConfig,
+    "FedSup supernet for small inputs (digits, MNIST-1D): stride-1 stem, quarter widths",
+)(_build)

@@ -134,7 +134,12 @@ def tokenization(input_shape: tuple[int, ...], patch: int) -> tuple[int, int]:
     raise ConfigError(f"model.name: transformer needs a sequence or an image, the dataset gives {input_shape}")
 
 
-@register("transformer", TransformerConfig)
+@register(
+    "transformer",
+    TransformerConfig,
+    "Transformer encoder: tokens (rows or patches) -> depth x pre-norm layers (width, heads) -> mean pool; depth- "
+    "and width-scalable",
+)
 def build_transformer(config: TransformerConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if config.width % config.heads:
         raise ConfigError(f"model.heads: {config.heads} does not divide model.width {config.width}")

@@ -22,7 +22,7 @@ from ray.cluster_utils import Cluster
 
 from actors.driver.head import SYSTEM_CONFIG
 from rayfl import api
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from tests.actors.drills import AHEAD, actors_of
 
 

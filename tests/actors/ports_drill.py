@@ -24,7 +24,7 @@ import urllib.request
 import psutil
 
 from rayfl import api
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 
 SETS = ["federation.rounds=3", "model.name=mlp", "ray.num_actors=2", "ray.start_in_process=false"]
 

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from actors.coordinator.executor import ActorsLost, RayExecutor
+from actors.names import FederationRef
 from rayfl import api
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation
 from rayfl.engine.round import groups_of
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import AHEAD, actors_of, answering, at_round
 
@@ -142,7 +143,7 @@ def flaky(ray_cluster, tmp_path):
         def ready(self):
             return True
 
-        def run_group(self, box, tasks, weights, sums):
+        def run_group(self, federation, tasks, weights, *, sums):
             import os
             from pathlib import Path
 
@@ -166,7 +167,7 @@ def flaky(ray_cluster, tmp_path):
         made.extend(actors)
         notes = []
         return (
-            RayExecutor(actors, ray_cluster.put(None), fed.account, timeout_s=120, report=notes.append),
+            RayExecutor(actors, FederationRef(ray_cluster.put(None)), fed.account, timeout_s=120, report=notes.append),
             groups,
             notes,
         )

@@ -4,7 +4,7 @@ import pytest
 
 from actors.driver.crew import create_client_actors
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 
 pytestmark = pytest.mark.ray
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from rayfl import api
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import AHEAD, actors_of, at_round, holds_nothing
 from tests.test_dropouts import DEVICES

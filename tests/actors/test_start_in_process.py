@@ -15,9 +15,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from actors.driver import launch
+from actors.driver import handover, launch
 from rayfl import api
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import checkpoint_of
 
@@ -57,30 +57,47 @@ def info_notes(rayfl_notes):
     log.setLevel(level)
 
 
-def moving_after(monkeypatch, at):
-    """`hands_over` replaced: the run moves after round `at` (waiting there for the actors), or
-    never (None); the rounds it was asked after are kept."""
-    asked = []
+class MovingAfter(handover.Rule):
+    """The run moves after round `at` (waiting there for the actors), or never (None); the rounds
+    it was asked after are kept."""
 
-    def hands_over(round, ready):
-        asked.append(round)
-        return round == at
+    def __init__(self, at):
+        self.at, self.asked = at, []
 
-    monkeypatch.setattr(launch, "hands_over", hands_over)
-    return asked
+    def moves(self, round, ready):
+        self.asked.append(round)
+        return round == self.at
+
+
+class Paced(handover.Rule):
+    """The pace decides also on the session's running cluster, over round 2 (round 1 is never long
+    enough); `outlook` says the actors finish sooner (`moves`) or later, its arguments kept."""
+
+    timed_round_s = 60.0
+
+    def __init__(self, moves):
+        self.wants_move, self.asked = moves, []
+
+    def paced(self, own):
+        return True
+
+    def outlook(self, *args):
+        self.asked.append(args)
+        seen = super().outlook(*args)
+        return dataclasses.replace(seen, actors_s=seen.here_s / 2 if self.wants_move else seen.here_s * 2)
 
 
 @pytest.mark.parametrize("at", [1, 3, None], ids=["moves-after-1", "moves-after-3", "never-moves"])
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_a_run_begun_in_process_ends_with_the_tables_of_the_run_in_process(
-    ray_cluster, references, tmp_path, monkeypatch, info_notes, setup, at
+    ray_cluster, references, tmp_path, info_notes, setup, at
 ):
-    asked = moving_after(monkeypatch, at)
+    rule = MovingAfter(at)
     timings = {}
     cfg = load_config(None, [*SMALL, *SETUPS[setup], "ray.start_in_process=true", "ray.num_actors=2"])
-    summary = api.run(cfg, tmp_path / "run", timings=timings)
+    summary = api.run(cfg, tmp_path / "run", timings=timings, hand_over=rule)
     assert summary["rounds"] == 4
-    assert asked == ([1, 2, 3] if at is None else list(range(1, at + 1)))  # never after the last round
+    assert rule.asked == ([1, 2, 3] if at is None else list(range(1, at + 1)))  # never after the last round
     moved = [note for note in info_notes if "ran in this process" in note]
     if at is None:
         assert moved == [] and "rounds" not in timings  # the whole run here; the actors never ran a round
@@ -100,22 +117,11 @@ def test_a_run_on_its_own_cluster_decides_before_ray_starts_where_it_finishes(
     rounds left, the driver's pace over round 2, the actors the machine holds, its free cores. A
     run that stays starts no cluster and equals the run in process; one that moves starts Ray
     then and ends with the same tables. One line says which, and why."""
-    init = launch.BringUp.__init__
-    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
-    asked, connected = [], []
-    real_outlook, real_connect = launch.outlook, launch.connect
-
-    def outlook(*args):
-        asked.append(args)
-        seen = real_outlook(*args)
-        return dataclasses.replace(seen, actors_s=seen.here_s / 2 if moves else seen.here_s * 2)
-
-    monkeypatch.setattr(launch, "outlook", outlook)
+    rule, connected, real_connect = Paced(moves), [], launch.connect
     monkeypatch.setattr(launch, "connect", lambda *args: connected.append(args) or real_connect(*args))
-    monkeypatch.setattr(launch, "TIMED_ROUND_S", 60.0)  # round 1 never long enough: round 2 is timed
     cfg = load_config(None, [*SMALL, "ray.start_in_process=true"])
-    api.run(cfg, tmp_path / "run")
-    [(rounds_left, pace, actors, free, cpus)] = asked
+    api.run(cfg, tmp_path / "run", hand_over=rule)
+    [(rounds_left, pace, actors, free, cpus)] = rule.asked
     assert (
         rounds_left == 2 and 0 < pace < 60 and actors == min(4, os.cpu_count()) and 0 <= free <= cpus == os.cpu_count()
     )
@@ -131,12 +137,16 @@ def test_a_run_on_its_own_cluster_decides_before_ray_starts_where_it_finishes(
 
 
 def test_a_run_over_before_its_pace_is_timed_starts_no_cluster(tmp_path, monkeypatch, info_notes):
-    init = launch.BringUp.__init__
-    monkeypatch.setattr(launch.BringUp, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "own": True}))
-    monkeypatch.setattr(launch, "connect", lambda *args: pytest.fail("Ray was started"))
-    monkeypatch.setattr(launch, "TIMED_ROUND_S", 60.0)
+    connected = []  # (a failure raised in the bring-up's thread would never reach the test)
+
+    def connecting(*args):
+        connected.append(args)
+        raise RuntimeError("Ray was started")
+
+    monkeypatch.setattr(launch, "connect", connecting)
     cfg = load_config(None, [*SMALL, "federation.rounds=2", "ray.start_in_process=true"])
-    api.run(cfg, tmp_path / "run")
+    api.run(cfg, tmp_path / "run", hand_over=Paced(moves=True))
+    assert connected == []
     assert len(pd.read_parquet(tmp_path / "run" / "metrics.parquet")) == 2
     assert not [n for n in info_notes if n.startswith("the run ")]
 
@@ -146,17 +156,17 @@ def test_the_actors_start_only_when_they_finish_the_rounds_left_sooner():
     the clients), on the free cores but the driver's (half of one when none is); then the pace
     split over the actors the free cores hold, 20% more."""
     # the reference workload, 2 quiet cores: the start alone (14 s on 1 core) outlasts 28 x 0.27 s
-    quiet = launch.outlook(28, 0.27, 2, 2.0, 2.0)
+    quiet = handover.outlook(28, 0.27, 2, 2.0, 2.0)
     assert not quiet.moves and quiet.here_s == pytest.approx(7.56) and quiet.actors_s == pytest.approx(14.0)
     # the default run (1 s rounds): 14 rounds here while they start, then 14 x 0.6 s
-    default = launch.outlook(28, 1.0, 2, 2.0, 2.0)
+    default = handover.outlook(28, 1.0, 2, 2.0, 2.0)
     assert default.moves and default.actors_s == pytest.approx(14.0 + 14 * 0.6)
     # one core busy with other work: the start on half a core, then 1.2 s a round, however long the run
     for rounds in (28, 1000):
-        busy = launch.outlook(rounds, 1.0, 2, 1.0, 2.0)
+        busy = handover.outlook(rounds, 1.0, 2, 1.0, 2.0)
         assert not busy.moves and busy.actors_s == pytest.approx(28.0 + max(0, rounds - 28) * 1.2)
     # 16 quiet cores, 8 actors: the start in 32 / 15 s, then 1.2 / 8 s a round
-    wide = launch.outlook(100, 1.0, 8, 16.0, 16.0)
+    wide = handover.outlook(100, 1.0, 8, 16.0, 16.0)
     assert wide.moves and wide.actors_s == pytest.approx(32 / 15 + (100 - 32 / 15) * 0.15)
     assert quiet.line() == (
         "the run finishes in this process, no Ray cluster started: its 28 rounds left take about 8 s here, about "
@@ -165,15 +175,16 @@ def test_the_actors_start_only_when_they_finish_the_rounds_left_sooner():
 
 
 def test_a_resume_from_a_checkpoint_written_before_the_move_equals_the_undisturbed_run(
-    ray_cluster, references, tmp_path, monkeypatch
+    ray_cluster, references, tmp_path
 ):
-    moving_after(monkeypatch, 3)
     cfg = load_config(None, [*SMALL, *SETUPS["fedbuff"], "ray.start_in_process=true", "federation.checkpoint_every=1"])
     run_dir = tmp_path / "run"
-    api.run(cfg, run_dir)
+    api.run(cfg, run_dir, hand_over=MovingAfter(3))
     for later in (3, 4):  # as if the run had stopped after round 2, in process
         checkpoint_of(run_dir, later).unlink()
-    api.run(cfg, run_dir, resume=True)  # begun in process again from round 2, moved after round 3
+    api.run(
+        cfg, run_dir, resume=True, hand_over=MovingAfter(3)
+    )  # begun in process again from round 2, moved after round 3
     for got, want in zip(tables(run_dir), references["fedbuff"]):
         pd.testing.assert_frame_equal(got, want, check_exact=True)
 
@@ -183,7 +194,8 @@ def test_the_coordinator_publishes_the_rows_recorded_before_the_move_and_not_a_r
     """The dashboard's series carry the rounds the driver ran (they appear late, never missing); a
     resumed run's earlier rounds were published by the run that recorded them (its counters would
     count them twice)."""
-    from actors.coordinator.actor import Coordinator, Duty
+    from actors.coordinator.actor import Assignment, Coordinator
+    from actors.names import FederationRef
     from rayfl.engine import Paused, build_federation, prepare
     from rayfl.runner import InProcessExecutor, run_in_process
 
@@ -209,8 +221,9 @@ def test_the_coordinator_publishes_the_rows_recorded_before_the_move_and_not_a_r
     host.series = Series
     host.fed = build_federation(cfg)  # as built: what the actors get
     host.executor = Executor(host.fed)
-    host.duty = Duty([ObjectId()], [], str(tmp_path), "run")  # attached already: `run` reads nothing from Ray
-    host.run(host.duty, start)
+    # attached already: `run` reads nothing from Ray
+    host.assignment = Assignment(FederationRef(ObjectId()), [], str(tmp_path), "run")
+    host.run(host.assignment, start)
     assert published == ([1, 2, 3, 4] if moved else [3, 4])
 
 

@@ -17,7 +17,7 @@ from actors import names
 from actors.driver import pool
 from actors.driver.head import free_port
 from rayfl import api
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.actors.drills import a_long_run, checkpoint_of, once_written
 from tests.actors.ports_drill import listening, loopback

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from rayfl.algorithms.budget import RATE_TOL, fitting_rate
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation, torch_threads
+from rayfl.load import load_config
 
 CFG = load_config(None, ["algorithm.name=heterofl"])
 

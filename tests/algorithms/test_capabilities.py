@@ -25,8 +25,8 @@ from rayfl.algorithms.capabilities import (
 )
 from rayfl.algorithms.fedavg import FedAvgClient, FedAvgConfig, FedAvgPolicy
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation, prepare, run_federation, start_of, torch_threads
+from rayfl.load import load_config
 from rayfl.runner import InProcessExecutor
 
 SMALL = ["model.name=mlp", "model.hidden=[8]", "data.num_clients=12", "federation.clients_per_round=4"]
@@ -224,5 +224,5 @@ def test_the_old_sums_flag_is_refused_at_registration():
 def test_a_config_changed_after_parsing_names_no_algorithm():
     config = load_config(None, ["algorithm.name=fedprox"])
     changed = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"name": "fedavg"})})
-    with pytest.raises(ConfigError, match="not parsed by rayfl.config.load.parse_config"):
+    with pytest.raises(ConfigError, match="not parsed by rayfl.load.parse_config"):
         build_federation(changed)

@@ -23,8 +23,8 @@ from rayfl.algorithms.depthfl import (
     self_distillation_loss,
 )
 from rayfl.algorithms.messages import ClientResult
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation
+from rayfl.load import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -77,7 +77,7 @@ def test_depths_under_fair_budgets_and_who_is_selected():
     eligible = set(np.flatnonzero(policy.client_depths > 0).tolist())
     assert 0 < len(eligible) < 8
     for rnd in range(1, 6):
-        assert set(policy.select(None, rnd, range(8))) <= eligible
+        assert set(policy.select(None, rnd, range(8), policy.config.federation.clients_per_round)) <= eligible
 
 
 # --------------------------------------------------------------------------- local loss

@@ -12,9 +12,9 @@ from rayfl.algorithms import registry
 from rayfl.algorithms.ditto import DittoTask, personal_step
 from rayfl.algorithms.local import LocalState
 from rayfl.algorithms.messages import ClientResult
-from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation, run_round, torch_threads
 from rayfl.evaluate import Evaluator
+from rayfl.load import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import InProcessExecutor, run_local
 from tests.algorithms.tiny import TinyClients, aggregated, context, linear
@@ -113,7 +113,7 @@ def test_the_global_model_is_fedavgs_and_each_client_keeps_its_own_v():
     assert fedavg.weights.keys() == ditto.weights.keys()
     for k in fedavg.weights:
         np.testing.assert_array_equal(ditto.weights[k], fedavg.weights[k], err_msg=k)
-    selected = fed.policy.select(ditto, 1, range(6))
+    selected = fed.policy.select(ditto, 1, range(6), fed.policy.config.federation.clients_per_round)
     assert sorted(ditto.clients) == selected
     for k in fed.context.param_names:  # v_k differ from client to client and from w
         assert not np.array_equal(ditto.clients[selected[0]][k], ditto.clients[selected[1]][k]), k

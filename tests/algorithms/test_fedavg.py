@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from rayfl.algorithms import registry
 from rayfl.algorithms.local import ClientContext
 from rayfl.algorithms.messages import ClientResult, ClientTask, FederationContext
-from rayfl.config.load import parse_config
+from rayfl.load import parse_config
 from rayfl.models import ModelCache
 from rayfl.optim import OptimizerSpec
 from tests.algorithms.tiny import aggregated
@@ -80,10 +80,10 @@ def test_selection_is_a_pure_function_of_seed_and_round():
     cfg = parse_config({"data": {"num_clients": 4}, "federation": {"clients_per_round": 2}})
     policy = registry.get("fedavg").policy(cfg, context())
     state = policy.init_state({"w": np.zeros(1, np.float32)})
-    picks = [tuple(policy.select(state, r, [0, 1, 2, 3])) for r in range(1, 30)]
-    assert picks == [tuple(policy.select(state, r, [0, 1, 2, 3])) for r in range(1, 30)]
+    picks = [tuple(policy.select(state, r, [0, 1, 2, 3], 2)) for r in range(1, 30)]
+    assert picks == [tuple(policy.select(state, r, [0, 1, 2, 3], 2)) for r in range(1, 30)]
     assert all(len(set(p)) == 2 for p in picks) and len(set(picks)) > 3
-    assert policy.select(state, 5, [2]) == [2]
+    assert policy.select(state, 5, [2], 2) == [2]
 
 
 def test_fedprox_loss_adds_the_proximal_term():

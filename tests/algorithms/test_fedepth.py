@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from rayfl.algorithms.fedepth import FeDepthTask, Stage, decompose, mkd_loss
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.devices.cost import measure
 from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
 from rayfl.engine.federation import width_memory
+from rayfl.load import load_config
 from rayfl.models import build_model, to_numpy
 from rayfl.models.preresnet20 import PreResNet20Config, link
 from rayfl.runner import InProcessExecutor
@@ -296,7 +296,13 @@ def test_partial_clients_leave_their_skipped_layers_to_the_others():
 
 
 def mkd_clients(fed, state, rnd):
-    tasks = fed.policy.configure(state, rnd, fed.policy.select(state, rnd, fed.population.available(rnd, 0.0)))
+    tasks = fed.policy.configure(
+        state,
+        rnd,
+        fed.policy.select(
+            state, rnd, fed.population.available(rnd, 0.0), fed.policy.config.federation.clients_per_round
+        ),
+    )
     return {t.client_id: t for t in tasks if t.peers}
 
 
@@ -338,7 +344,7 @@ def test_clients_whose_budget_fits_no_layer_never_take_part():
     fed, state = federation(
         "algorithm.name=fedepth", "devices.profile=fedepth_fair", "data.num_clients=8", "federation.clients_per_round=8"
     )
-    out = fed.policy.select(state, 1, range(8))
+    out = fed.policy.select(state, 1, range(8), fed.policy.config.federation.clients_per_round)
     assert 0 < len(out) < 8 and all(fed.policy.fits[c] for c in out)
     assert fed.policy.summary()["clients_without_plan"] == 8 - len(out)
 

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from rayfl.algorithms import aggregate
 from rayfl.algorithms.fedsup import distill_loss, fill_finish, step_subnets
 from rayfl.algorithms.messages import ClientResult
-from rayfl.config.load import load_config
 from rayfl.devices.cost import measure
 from rayfl.engine import ClientRunner, build_federation, torch_threads
+from rayfl.load import load_config
 from rayfl.models import build_model
 from rayfl.models.supernet import SupernetSmallConfig, largest, smallest
 from rayfl.runner import run_local

@@ -19,9 +19,9 @@ from rayfl.algorithms.heterofl import (
 )
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
-from rayfl.config.load import parse_config
 from rayfl.data import Dataset, Partitioned
 from rayfl.devices import CostCache
+from rayfl.load import parse_config
 from rayfl.models import build_model
 from rayfl.models.preresnet import PreResNetConfig
 from rayfl.runner import run_local
@@ -164,7 +164,7 @@ def test_capability_mode_gives_the_widest_level_that_fits_memory():
     ctx = context((64,), num_clients=3, memory=np.array([2.0**30, need_e, need_e - 1]))
     policy = HeteroFLPolicy(cfg, ctx)
     assert [policy.level_of(1, c) for c in range(3)] == [0, 2, -1]
-    assert policy.select(policy.init_state({}), 1, [0, 1, 2]) == [0, 1]
+    assert policy.select(policy.init_state({}), 1, [0, 1, 2], policy.config.federation.clients_per_round) == [0, 1]
     with pytest.raises(ConfigError, match="no client's memory budget fits"):
         HeteroFLPolicy(cfg, context((64,), num_clients=3, memory=np.zeros(3)))
 

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayfl.algorithms import inclusivefl
-from rayfl.algorithms.inclusivefl import distill, heterogeneous, momentum_of, sharers
+from rayfl.algorithms.inclusivefl import policy as inclusivefl_policy
+from rayfl.algorithms.inclusivefl.policy import distill, heterogeneous, momentum_of, sharers
 from rayfl.algorithms.messages import ClientResult
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation
+from rayfl.load import load_config
 from rayfl.models import build_model
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
@@ -242,7 +242,7 @@ def test_groups_follow_device_classes_and_baselines_take_one_group():
                 ],
             )
         )
-        chosen = fed.policy.select(None, 1, range(12))
+        chosen = fed.policy.select(None, 1, range(12), 12)
         assert len(chosen) == clients and fed.policy.global_model().depth == depth
         if name == "exclusivefl_depth":
             assert (fed.context.device_classes[chosen] == 2).all()  # the strongest class only
@@ -281,7 +281,7 @@ def test_beta_zero_is_inclusivefl_without_momentum_distillation(tmp_path, monkey
     run_local(load_config(None, [*base, "algorithm.beta=0"]), tmp_path / "beta0")
     run_local(load_config(None, [*base, "algorithm.beta=0.5"]), tmp_path / "beta05")
     with monkeypatch.context() as m:  # w/o MD by construction: the top-layer update is never touched
-        m.setattr(inclusivefl, "distill", lambda update, *args: update)
+        m.setattr(inclusivefl_policy, "distill", lambda update, *args: update)
         run_local(load_config(None, [*base, "algorithm.beta=0.5"]), tmp_path / "without")
     pd.testing.assert_frame_equal(metrics(tmp_path / "beta0"), metrics(tmp_path / "without"))
     m = metrics(tmp_path / "beta05")

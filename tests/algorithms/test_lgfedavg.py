@@ -10,8 +10,8 @@ from rayfl.algorithms.capabilities import ClientAccount
 from rayfl.algorithms.lgfedavg import LGFedAvgPolicy, global_keys
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config, parse_config
 from rayfl.engine import build_federation, run_round, torch_threads
+from rayfl.load import load_config, parse_config
 from rayfl.models import build_model
 from rayfl.runner import InProcessExecutor
 from tests.algorithms.tiny import aggregated

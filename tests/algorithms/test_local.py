@@ -12,8 +12,8 @@ import yaml
 from rayfl.algorithms.base import ClientProcedure
 from rayfl.algorithms.local import NON_FINITE, LocalState, Trained
 from rayfl.algorithms.messages import ClientFailure, ClientResult
-from rayfl.config.load import load_config
 from rayfl.engine import ClientRunner, build_federation
+from rayfl.load import load_config
 from rayfl.runner import run_local
 
 

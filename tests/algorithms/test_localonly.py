@@ -9,8 +9,8 @@ import pytest
 from rayfl.algorithms.localonly import LocalOnlyPolicy
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.personal import client_test_indices
-from rayfl.config.load import load_config, parse_config
 from rayfl.engine import ClientRunner, build_federation, run_round, torch_threads
+from rayfl.load import load_config, parse_config
 from rayfl.runner import InProcessExecutor
 from tests.algorithms.tiny import aggregated
 

@@ -8,8 +8,8 @@ import torch
 
 from rayfl.algorithms import registry
 from rayfl.algorithms.perfedavg import outer_step
-from rayfl.config.load import load_config, parse_config
 from rayfl.evaluate import Evaluator
+from rayfl.load import load_config, parse_config
 from rayfl.models import ModelCache
 from rayfl.runner import run_local
 from tests.algorithms.tiny import TinyClients, context, linear

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rayfl.algorithms.local import LocalState, finish
-from rayfl.config.load import load_config
 from rayfl.engine import ClientRunner, build_federation
 from rayfl.engine.host import on_host
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
@@ -39,7 +39,7 @@ def test_keeps_the_fastest_of_the_highest_reward_candidates(fed):
     state = policy.init_state(fed.initial_weights())
     rewards = np.arange(20, 0, -1.0)  # client 0 has the largest reward
     state = state.replace(clients={c: {"reward": np.array(rewards[c])} for c in range(20)})
-    chosen = policy.select(state, 1, list(range(20)))
+    chosen = policy.select(state, 1, list(range(20)), 3)
     candidates = list(range(6))  # ceil(2 * 3) = 6 best rewards: clients 0..5
     fast = [c for c in candidates if fed.population.device_class(c).name == "fast"]
     slow = [c for c in candidates if fed.population.device_class(c).name == "slow"]
@@ -50,7 +50,7 @@ def test_keeps_the_fastest_of_the_highest_reward_candidates(fed):
 def test_rewards_are_update_norms_and_unseen_clients_are_explored_first(fed):
     policy = fed.policy
     state = policy.init_state(fed.initial_weights())
-    first = policy.select(state, 1, list(range(20)))
+    first = policy.select(state, 1, list(range(20)), 3)
     assert len(first) == 3  # nobody has a reward yet: candidates are drawn uniformly
     # The client reports ||x_k - x_t|| over its parameters: +1 everywhere gives sqrt(#parameters).
     task = policy.configure(state, 1, [first[0]])[0]

@@ -6,8 +6,8 @@ import pytest
 
 from rayfl.algorithms import registry
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation, run_round, torch_threads
+from rayfl.load import load_config
 from rayfl.runner import InProcessExecutor, run_local
 
 ALGORITHMS = sorted(registry.algorithms())

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

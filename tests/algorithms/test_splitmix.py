@@ -19,9 +19,9 @@ from rayfl.algorithms import aggregate
 from rayfl.algorithms.messages import ClientResult, FederationContext
 from rayfl.algorithms.splitmix import SplitMixPolicy, client_bases, first_bases
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.devices import configured_profile
 from rayfl.devices.cost import nbytes
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 

@@ -9,7 +9,7 @@ from rayfl.algorithms.fedavg import FedAvgPolicy
 from rayfl.algorithms.messages import ClientResult
 from rayfl.algorithms.staleness import carried, fedasync, fedbuff, weight
 from rayfl.config import StalenessConfig
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 
 from .tiny import aggregated, context
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation, run_round, torch_threads
+from rayfl.load import load_config
 from rayfl.runner import InProcessExecutor
 
 # Unequal client sizes (Dirichlet), two epochs, momentum, weight decay and clipping: clients run

@@ -11,8 +11,8 @@ from PIL import Image
 
 from rayfl.cli import main
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
 from rayfl.data import load_clients, load_dataset
+from rayfl.load import load_config
 
 SHAPES = ("circle", "square", "stripe")  # imagefolder's ClassLabel ids: the sorted folder names
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config.load import parse_config
 from rayfl.data import partition
 from rayfl.data.partition import dirichlet_balanced, dirichlet_unbalanced, iid, shards
+from rayfl.load import parse_config
 
 
 def cfg(**partition_spec):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config.load import parse_config
 from rayfl.data import load_clients, load_dataset, partition
+from rayfl.load import parse_config
 
 
 def test_digits_is_embedded_and_its_test_split_is_fixed(digits):

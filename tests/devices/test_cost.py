@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError
-from rayfl.config.load import parse_config
 from rayfl.devices import DeviceProfile, Population, client_time, load_profile, round_duration, with_mix
+from rayfl.load import parse_config
 
 HAND = {
     "name": "hand",

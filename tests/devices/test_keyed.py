@@ -6,10 +6,10 @@ import pytest
 from scipy import stats
 
 from rayfl import rng
-from rayfl.config.load import parse_config
 from rayfl.data import load_clients
 from rayfl.devices.population import Population
 from rayfl.devices.profile import load_profile
+from rayfl.load import parse_config
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 17, 1000, 4097])

@@ -187,7 +187,7 @@ def test_a_trace_runs_with_its_devices_and_intervals(tmp_path):
 
 
 def test_a_trace_brings_its_own_availability_unless_the_config_names_one(tmp_path):
-    from rayfl.config.load import load_config
+    from rayfl.load import load_config
 
     write_trace(*generate_trace(20, seed=0, days=1), tmp_path / "t")
     assert load_config(None, [f"devices.trace={tmp_path / 't'}"]).devices.availability.kind == "trace"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rayfl.config import ConfigError
-from rayfl.config.load import load_config
+from rayfl.load import load_config
 from rayfl.models import build_model
 from rayfl.models.hf_encoder import HFEncoderConfig
 from rayfl.runner import run_local

@@ -112,7 +112,7 @@ def test_time_to_target_is_the_first_virtual_time_at_the_target_across_a_resume(
 
 
 def test_without_the_pool_each_client_actor_gets_one_bundle_sized_to_it():
-    from rayfl.config.load import parse_config
+    from rayfl.load import parse_config
     from tune.run import bundles
 
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25, "pool_idle_s": 0}})
@@ -124,7 +124,7 @@ def test_without_the_pool_each_client_actor_gets_one_bundle_sized_to_it():
 
 
 def test_with_the_pool_a_trial_reserves_its_driver_only_and_concurrency_fits_the_actors(tmp_path):
-    from rayfl.config.load import parse_config
+    from rayfl.load import parse_config
     from tune.run import bundles, concurrent_trials
 
     cfg = parse_config({"ray": {"num_actors": 2, "cpus_per_actor": 0.5, "gpus_per_actor": 0.25}})

@@ -29,6 +29,7 @@ from pydantic import Field
 
 from ... import rng
 from ...config import RunConfig
+from ...statetypes import state_type
 from ...types import ClientId, Round
 from ..messages import ClientTask, FederationContext, ServerState
 from ..registry import Algorithm, register
@@ -74,6 +75,7 @@ class MergeSFLConfig(SFLConfig):
     ga_islands: int = Field(4, ge=1)
 
 
+@state_type
 @dataclass(frozen=True)
 class Ingress:
     """The PS's ingress observed in each round so far (B^h / c), what `budget: estimated` reads."""
@@ -143,12 +145,12 @@ class MergeSFLPolicy(SFLPolicy):
             return np.full(len(d), max(1, round(float(d.mean()))))
         return d
 
-    def select(self, state: ServerState, round: Round, available: Sequence[ClientId]) -> list[ClientId]:
-        """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13); without
-        `kl_aware`, `clients_per_round` workers uniformly."""
+    def select(self, state: ServerState, round: Round, available: Sequence[ClientId], count: int) -> list[ClientId]:
+        """Alg. 1 l.3-5: the GA over the available workers, seeded by priority (Eq. 13; it chooses
+        how many); without `kl_aware`, `count` workers uniformly."""
         cfg = self.config.algorithm
         if not cfg.kl_aware:
-            return super().select(state, round, available)
+            return super().select(state, round, available, count)
         avail = np.asarray(sorted(self.candidates(round, available)))
         d = self.batch_sizes(state)[avail]
         _, _, K = self.estimates(state)

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from rayfl.algorithms.mergesfl import control
-from rayfl.config.load import load_config
 from rayfl.engine import build_federation
+from rayfl.load import load_config
 from rayfl.runner import run_local
 from tests.algorithms.tiny import aggregated
 
@@ -32,7 +32,7 @@ def fed():
 def test_round_plan_respects_the_budget_and_scales_lr_with_batch(fed):
     policy = fed.policy
     state = policy.init_state(fed.initial_weights())
-    chosen = policy.select(state, 1, list(range(20)))
+    chosen = policy.select(state, 1, list(range(20)), policy.config.federation.clients_per_round)
     d_regulated = policy.batch_sizes(state)
     assert control.within_bandwidth(d_regulated[chosen], np.ones(len(chosen), bool), 1.0, 120)
     tasks = policy.configure(state, 1, chosen)
@@ -119,7 +119,9 @@ def test_the_budget_can_be_estimated_from_the_ingress_of_earlier_rounds(fed):
 
     seen = []
     for rnd in (1, 2, 3):
-        tasks = policy.configure(state, rnd, policy.select(state, rnd, list(range(20))))
+        tasks = policy.configure(
+            state, rnd, policy.select(state, rnd, list(range(20)), policy.config.federation.clients_per_round)
+        )
         assert sum(t.batch_size for t in tasks) <= policy.budget(state) + 1e-9  # Eq. 10 under the round's B^h
         results = InProcessExecutor(est).exchange(tasks, policy.open_driver(state, rnd, tasks))
         state = aggregated(policy, state, rnd, results)

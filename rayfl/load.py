@@ -14,14 +14,13 @@ from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..algorithms import registry as algorithms
-from ..algorithms.capabilities import ChecksConfig
-from ..algorithms.registry import Algorithm
-from ..data import sources
-from ..models import registry as models
-from .base import ConfigError
-from .files import format_error, read_config, set_values, with_default_tags, with_overrides
-from .run import ModelConfig, RunConfig
+from .algorithms import registry as algorithms
+from .algorithms.capabilities import ChecksConfig
+from .algorithms.registry import Algorithm
+from .config import ConfigError, ModelConfig, RunConfig
+from .config.files import format_error, read_config, set_values, with_default_tags, with_overrides
+from .data import sources
+from .models import registry as models
 
 
 def _mapping(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:

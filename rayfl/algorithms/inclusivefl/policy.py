@@ -1,98 +1,25 @@
-"""InclusiveFL: "No One Left Behind: Inclusive Federated Learning over Heterogeneous Devices",
-Ruixuan Liu, Fangzhao Wu, Chuhan Wu, Yanlin Wang, Lingjuan Lyu, Hong Chen, Xing Xie, KDD 2022
-(arXiv:2202.08036), Algorithm 1.
-
-Clients are dealt to depth groups by device class (the profile's classes in order, weakest
-first, so `devices.mix` is the paper's device proportion): group j trains a model of depth L_j
-(`algorithm.depths`, e.g. 2-4-6) whose first L_j - 1 layers and stem are the bottom of the
-largest model, and whose top layer L_j and head f_j are its own. Per round (l. 8-29):
-
-- homomorphic aggregation: within a group, the clients' updates are averaged (FedAvg, l. 14:
-  `group_weighting: samples`, or per user as printed: `users`) into g^j;
-- momentum distillation (l. 15-23): the smaller group's top-layer update becomes
-  beta m^k_{t-1} + (1 - beta) g^{j,L_j}, where m^k is the mean of the next larger group k's
-  updates over its layers L_j .. L_k of the round before (matched by name relative to the layer,
-  initialised to 0); `beta: 0` is InclusiveFL without MD;
-- each group's sub-global model takes a server step (l. 19): FedAdam (Reddi et al.) with its own
-  moments and, optionally, the paper's per-group rates (`server_lrs`), or plain FedAvg;
-- layer-wise heterogeneous aggregation (l. 26-28): each shared layer is the average over the
-  groups holding it not as their top layer, weighted by each group's share of the round's
-  samples (users with `group_weighting: users`); each group's top layer and head stay its own.
-
-The public code's momentum distillation is a no-op through three bugs (docs/papers.md,
-InclusiveFL: public code, momentum distillation): it assigns instead of accumulating over the
-layers, keeps a reference to gradients that are then zeroed, and blends only while the momentum
-is still the integer 0. This module implements the paper's intent: accumulated, copied, applied
-every round. The code also takes one server step per type from pooled gradients (FedSGD);
-rayfl's clients run local epochs (Algorithm 1, l. 12).
-"""
+"""InclusiveFL's server (Algorithm 1): depth groups dealt by device class, homomorphic and
+layer-wise heterogeneous aggregation, momentum distillation; the pure functions over name-keyed
+arrays first, then the policy (the package's docstring has the paper's steps)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from pydantic import Field, field_validator
 
-from ..config import AlgorithmConfig, ConfigError, ModelConfig, RunConfig
-from ..devices import configured_profile
-from ..devices.profile import DeviceClass
-from ..models import build_model
-from ..models.layers import DepthConfig, is_head, layer_of
-from ..types import ClientId, Round, Weights
-from . import aggregate, server_opt
-from .base import ServerPolicy
-from .fedavg import FedAvgClient
-from .messages import ClientResult, ClientTask, FederationContext, ServerState
-from .registry import Algorithm, register
-
-DEPTH_MODELS = {"digits": "transformer", "mnist1d": "transformer", "synthetic": "transformer"}
-
-
-class DepthGroupsConfig(AlgorithmConfig):
-    """Depth groups and their server optimizers (InclusiveFL and its depth baselines)."""
-
-    depths: str = Field(
-        "2-4-6", description="layers of each device class's model, weakest first (the paper: 4-8-12 of 12)"
-    )
-    server_opt: Literal["adam", "avg"] = Field(
-        "adam", description="each group's server step: FedAdam, or FedAvg (eta 1)"
-    )
-    server_lr: float = Field(0.01, gt=0, description="FedAdam's rate eta for every group")
-    server_lrs: list[float] | None = Field(
-        None, description="FedAdam's rate per group, weakest first (the paper: 2e-4, 5e-5, 5e-5)"
-    )
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
-    tau: float = Field(1e-3, gt=0)
-    group_weighting: Literal["samples", "users"] = Field(
-        "samples", description="within and across groups: by samples (FedAvg), or per user as Alg. 1 prints"
-    )
-
-    @field_validator("depths")
-    @classmethod
-    def _depths(cls, v: str) -> str:
-        if (
-            not re.fullmatch(r"\d+(-\d+)*", v)
-            or any(int(d) < 1 for d in v.split("-"))
-            or sorted(set(map(int, v.split("-")))) != list(map(int, v.split("-")))
-        ):
-            raise ValueError("write depths like 2-4-6: positive, increasing, one per device class")
-        return v
-
-
-class InclusiveFLConfig(DepthGroupsConfig):
-    name: str = "inclusivefl"
-    beta: float = Field(0.2, ge=0, le=1, description="momentum distillation factor beta (0: InclusiveFL w/o MD)")
-
-
-class DepthBaselineConfig(DepthGroupsConfig):
-    """A baseline of InclusiveFL's Table 2 on the same groups: one model trained by FedAvg with
-    the groups' server optimizer (`plan`)."""
-
-    baseline: Literal["alllarge", "allsmall", "exclusivefl"]
+from ...config import ConfigError, ModelConfig, RunConfig
+from ...devices import configured_profile
+from ...devices.profile import DeviceClass
+from ...models import build_model
+from ...models.layers import DepthConfig, is_head, layer_of
+from ...statetypes import state_type
+from ...types import ClientId, Round, Weights
+from .. import aggregate, server_opt
+from ..base import ServerPolicy
+from ..messages import ClientResult, ClientTask, FederationContext, ServerState
+from .config import DepthBaselineConfig, parse_depths
 
 
 @dataclass(frozen=True)
@@ -103,6 +30,7 @@ class Group:
     """The device classes whose clients train this group's model."""
 
 
+@state_type
 @dataclass(frozen=True)
 class GroupState:
     """A group's server-side state between rounds."""
@@ -350,50 +278,3 @@ class InclusiveFLPolicy(ServerPolicy):
                 for g, v in zip(self.groups, self.variants)
             }
         }
-
-
-def parse_depths(depths: str) -> list[int]:
-    return [int(d) for d in depths.split("-")]
-
-
-# InclusiveFL's baselines (Table 2) on the same depth groups and server optimizers (`plan`).
-class AllLargeDepthConfig(DepthBaselineConfig):
-    """AllLarge: every client trains the largest model, ignoring memory budgets."""
-
-    name: str = "alllarge_depth"
-    baseline: Literal["alllarge"] = "alllarge"
-
-
-class AllSmallDepthConfig(DepthBaselineConfig):
-    """AllSmall: every client trains the smallest model, so every device fits."""
-
-    name: str = "allsmall_depth"
-    baseline: Literal["allsmall"] = "allsmall"
-
-
-class ExclusiveFLDepthConfig(DepthBaselineConfig):
-    """ExclusiveFL: only the clients whose device fits the largest model train."""
-
-    name: str = "exclusivefl_depth"
-    baseline: Literal["exclusivefl"] = "exclusivefl"
-
-
-for _config, _summary in (
-    (InclusiveFLConfig, "InclusiveFL (Liu et al. 2022): depth groups, layer-wise aggregation, momentum distillation"),
-    (AllLargeDepthConfig, "AllLarge (InclusiveFL baseline): FedAdam on the largest depth, every client"),
-    (AllSmallDepthConfig, "AllSmall (InclusiveFL baseline): FedAdam on the smallest depth, every client"),
-    (ExclusiveFLDepthConfig, "ExclusiveFL (InclusiveFL baseline): FedAdam on the largest depth, strongest class only"),
-):
-    _name = _config.model_fields["name"].default
-    register(
-        Algorithm(
-            _name,
-            _summary,
-            _config,
-            InclusiveFLPolicy,
-            FedAvgClient,
-            DEPTH_MODELS,
-            vectorizable=True,
-            over_every_client="depth groups, the clients a round may draw",
-        )
-    )
