@@ -246,22 +246,30 @@ def up(
         "log": str(log),
         "temp_dir": temp_dir,
     }
-    deadline = time.monotonic() + timeout_s
-    while not answers(port, record["dashboard"]):  # its GCS, and its dashboard: what rayfl submit probes
-        if proc.poll() is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {log}")
-        if time.monotonic() > deadline:
-            stop(proc.pid)
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}")
-        time.sleep(0.2)
+    answered(proc, port, record, timeout_s)
     if record["dashboard"] and not serves(record["dashboard"], temp_dir, env):  # again, on a port of the system's
         stop(proc.pid)
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if dashboard_port is None:
+            raise ConfigError(f"rayfl up: another head's dashboard answers at {record['dashboard']}; see {log}")
         return up(num_cpus, num_gpus, dashboard, None, timeout_s, node_ip_address)
     RECORD.write_text(json.dumps(record))
     return record
+
+
+def answered(proc: subprocess.Popen, port: int, record: dict[str, Any], timeout_s: float) -> None:
+    """Wait until the head `proc` answers: its GCS on `port`, and its dashboard (what rayfl
+    submit probes); else stop it, remove its temp folder and raise `ConfigError` naming its log."""
+    deadline = time.monotonic() + timeout_s
+    while not answers(port, record["dashboard"]):
+        if proc.poll() is not None:
+            shutil.rmtree(record["temp_dir"], ignore_errors=True)
+            raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {record['log']}")
+        if time.monotonic() > deadline:
+            stop(proc.pid)
+            shutil.rmtree(record["temp_dir"], ignore_errors=True)
+            raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {record['log']}")
+        time.sleep(0.2)
 
 
 def serves(dashboard: str, temp_dir: str, env: Mapping[str, str]) -> bool:
