@@ -124,14 +124,10 @@ RUN_DIR_LINE = re.compile(r"^rayfl: RUN_DIR (\S+)\s*$", re.M)
 
 
 def auth_headers() -> dict[str, str]:
-    """The bearer token the way Ray's clients find it: $RAY_AUTH_TOKEN, the file at
-    $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token. Empty when there is none (auth off)."""
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    if not token:
-        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
-        if path.is_file():
-            token = path.read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    """This process's bearer token for a dashboard (`actors.driver.head.bearer`)."""
+    from actors.driver.head import bearer
+
+    return bearer(os.environ)
 
 
 def job_id(config: RunConfig) -> str:

@@ -246,18 +246,47 @@ def up(
         "log": str(log),
         "temp_dir": temp_dir,
     }
-    deadline = time.monotonic() + timeout_s
-    while not answers(port, record["dashboard"]):  # its GCS, and its dashboard: what rayfl submit probes
-        if proc.poll() is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {log}")
-        if time.monotonic() > deadline:
-            stop(proc.pid)
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {log}")
-        time.sleep(0.2)
+    answered(proc, port, record, timeout_s)
+    if record["dashboard"] and not serves(record["dashboard"], temp_dir, env):  # again, on a port of the system's
+        stop(proc.pid)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if dashboard_port is None:
+            raise ConfigError(f"rayfl up: another head's dashboard answers at {record['dashboard']}; see {log}")
+        return up(num_cpus, num_gpus, dashboard, None, timeout_s, node_ip_address)
     RECORD.write_text(json.dumps(record))
     return record
+
+
+def answered(proc: subprocess.Popen, port: int, record: dict[str, Any], timeout_s: float) -> None:
+    """Wait until the head `proc` answers: its GCS on `port`, and its dashboard (what rayfl
+    submit probes); else stop it, remove its temp folder and raise `ConfigError` naming its log."""
+    deadline = time.monotonic() + timeout_s
+    while not answers(port, record["dashboard"]):
+        if proc.poll() is not None:
+            shutil.rmtree(record["temp_dir"], ignore_errors=True)
+            raise ConfigError(f"rayfl up: ray start exited with {proc.returncode}; see {record['log']}")
+        if time.monotonic() > deadline:
+            stop(proc.pid)
+            shutil.rmtree(record["temp_dir"], ignore_errors=True)
+            raise ConfigError(f"rayfl up: the head did not answer within {timeout_s:g} s; see {record['log']}")
+        time.sleep(0.2)
+
+
+def serves(dashboard: str, temp_dir: str, env: Mapping[str, str]) -> bool:
+    """Whether the dashboard at `dashboard` is the head's whose Ray temp folder is `temp_dir`: the
+    session it names (`GET /api/version`, with the head's token) is the one under that folder.
+    Another dashboard may take a free port between `free_port` and Ray's bind (Ray's own then takes
+    the next port): two heads started at once on one host, a `rayfl up` beside a run's own cluster
+    (whose dashboard Ray puts on 8265, the port `rayfl up --dashboard-port` prefers)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{dashboard}/api/version", headers=bearer(env))
+    try:
+        with urllib.request.urlopen(request, timeout=5.0) as answer:
+            session = json.load(answer).get("session_name")
+    except (OSError, ValueError):  # another head's token, or no dashboard of Ray's
+        return False
+    return session == Path(temp_dir, "session_latest").resolve().name
 
 
 def listens_on(node_ip_address: str | None, env: dict[str, str]) -> tuple[list[str], str]:
@@ -272,12 +301,20 @@ def listens_on(node_ip_address: str | None, env: dict[str, str]) -> tuple[list[s
 
 
 def with_token(env: Mapping[str, str]) -> None:
-    """A token for the head's authentication where Ray looks for one ($RAY_AUTH_TOKEN, the file at
-    $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token): Ray's `get-auth-token --generate` writes the file
-    when there is none."""
-    token = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
-    if not env.get("RAY_AUTH_TOKEN") and not (token.is_file() and token.stat().st_size):
+    """A token for the head's authentication where Ray looks for one (`bearer`): Ray's
+    `get-auth-token --generate` writes the file when there is none."""
+    if not bearer(env):
         subprocess.run([ray_cli(), "get-auth-token", "--generate"], env=dict(env), check=True, capture_output=True)
+
+
+def bearer(env: Mapping[str, str]) -> dict[str, str]:
+    """The HTTP header with the token the way Ray's clients find it in `env`: $RAY_AUTH_TOKEN, the
+    file at $RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token. Empty when there is none (auth off)."""
+    token = env.get("RAY_AUTH_TOKEN", "").strip()
+    path = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    if not token and path.is_file():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def answers(port: int, dashboard: str | None) -> bool:
