@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from tests.actors.ports_drill import loopback
@@ -44,7 +45,6 @@ class Dashboard:
 
     def __init__(self, session=None):
         import http.server
-        import threading
 
         outer = self
 
@@ -93,6 +93,7 @@ def test_rayfl_up_starts_again_on_another_port_when_its_dashboard_port_was_taken
             started.append(cmd)
             self.proc = real(["sleep", "60"], start_new_session=True)
             self.pid = self.proc.pid
+            threading.Thread(target=self.proc.wait, daemon=True).start()  # reaped once `head.stop` ends it
 
         def poll(self):
             return self.proc.poll()
