@@ -217,7 +217,8 @@ def with_table(page: str) -> str:
     """`page` with its table between `TABLE_MARKS` written anew."""
     start, end = TABLE_MARKS
     head, rest = page.split(start + "\n", 1)
-    return f"{head}{start}\n{table()}{end}\n{rest.split(end + chr(10), 1)[1]}"
+    tail = rest.split(end + "\n", 1)[1]
+    return f"{head}{start}\n{table()}{end}\n{tail}"
 
 
 def _row(key: str, summary: str, width: int = 120) -> str:
